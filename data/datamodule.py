@@ -1,0 +1,282 @@
+"""The LightningDataModule: load, tokenize (once, cached), pack, shard by rank, resume.
+
+Data flows source -> tokenizer -> token cache (two flat files) -> packed rows (a view)
+-> per-rank micro-batches. The only training state is one number, `rows_consumed`:
+the position in the global row order that every rank has reached. It is checkpointed
+through `state_dict`, so a resumed run reads exactly the rows it would have read.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+from torch.utils.data import DataLoader
+
+from data.batches import TrainBatches, ValidationBatches
+from data.config_checks import as_plain_dict
+from data.fingerprint import digest_json
+from data.packing import PackedRows
+from data.sampler import ResumableRankSampler, check_position
+from data.sources import DocumentSource, build_source
+from data.split import ValidationSplit
+from data.token_cache import HF_DATASETS_SUBDIR, build_token_cache, cache_fingerprint, open_token_cache
+from data.tokenizers import Tokenizer, build_tokenizer, check_tokenizer_config
+
+MIN_SEQ_LEN = 8
+
+
+class TextDataModule(L.LightningDataModule):
+    """Packed next-token-prediction batches `{"input_ids", "labels"}` (int64, [b, seq_len]).
+
+    The constructor only checks settings (cheap, nothing is read). The tokenizer is
+    built on first use of `tokenizer` / `vocab_size` / `eos_id` (a `bpe` tokenizer is
+    trained then), `prepare_data()` tokenizes the corpus into the cache and `setup()`
+    memory-maps it. The data-parallel rank and size come from the attached trainer
+    unless `set_data_parallel` gave explicit values (e.g. DiLoCo replica groups).
+
+    Every call of `next()` on the train loader is one micro-batch on this rank, and all
+    ranks must draw the same number of them: then `rows_consumed` (a multiple of
+    micro_batch_size * dp_size) is exactly the rows trained on, whatever the number of
+    micro-batches per optimizer step.
+    """
+
+    def __init__(
+        self,
+        source: Mapping[str, Any],
+        tokenizer: Mapping[str, Any],
+        seq_len: int = 256,
+        micro_batch_size: int = 8,
+        val_fraction: float = 0.005,
+        val_max_rows: int | None = None,
+        shuffle: bool = True,
+        seed: int = 0,
+        cache_dir: str = ".cache/data",
+    ) -> None:
+        super().__init__()
+        _check_settings(seq_len, micro_batch_size, val_fraction, val_max_rows, shuffle, seed)
+        self.source: DocumentSource = build_source(as_plain_dict(source, "data.source"))
+        self.tokenizer_config = check_tokenizer_config(as_plain_dict(tokenizer, "data.tokenizer"))
+        self.seq_len = seq_len
+        self.micro_batch_size = micro_batch_size
+        self.val_fraction = val_fraction
+        self.val_max_rows = val_max_rows
+        self.shuffle = shuffle
+        self.seed = seed
+        self.cache_dir = Path(cache_dir)
+        self._split = ValidationSplit(val_fraction)
+        self._tokenizer: Tokenizer | None = None
+        self._data_parallel: tuple[int, int] | None = None
+        self._train_rows: PackedRows | None = None
+        self._val_rows: PackedRows | None = None
+        self._sampler: ResumableRankSampler | None = None
+        self._start_position = 0
+
+    # -- tokenizer ---------------------------------------------------------------------
+
+    @property
+    def tokenizer(self) -> Tokenizer:
+        """The tokenizer, built on first access (which trains a `bpe` tokenizer, once per corpus)."""
+        if self._tokenizer is None:
+            corpus = {"source": self.source.description, "val_fraction": str(self.val_fraction)}
+            self._tokenizer = build_tokenizer(
+                self.tokenizer_config,
+                self.cache_dir / "tokenizers",
+                corpus_iter_factory=self._training_documents,
+                corpus_fingerprint=digest_json(corpus),
+            )
+        return self._tokenizer
+
+    @property
+    def vocab_size(self) -> int:
+        return self.tokenizer.vocab_size
+
+    @property
+    def eos_id(self) -> int:
+        return self.tokenizer.eos_id
+
+    @property
+    def fingerprint(self) -> str:
+        """Identifies the token cache (corpus, tokenizer, val_fraction), not the packing."""
+        return cache_fingerprint(self.source, self.tokenizer, self.val_fraction)
+
+    # -- data parallelism ----------------------------------------------------------------
+
+    def set_data_parallel(self, rank: int, size: int) -> None:
+        """Override the data-parallel rank and size read from the trainer (call before `train_dataloader`)."""
+        if not 0 <= rank < size:
+            raise ValueError(f"data-parallel rank {rank} is not in [0, size={size})")
+        self._data_parallel = (rank, size)
+
+    @property
+    def dp_rank(self) -> int:
+        if self._data_parallel is not None:
+            return self._data_parallel[0]
+        return self.trainer.global_rank if self.trainer is not None else 0
+
+    @property
+    def dp_size(self) -> int:
+        if self._data_parallel is not None:
+            return self._data_parallel[1]
+        return self.trainer.world_size if self.trainer is not None else 1
+
+    # -- Lightning hooks -----------------------------------------------------------------
+
+    def prepare_data(self) -> None:
+        """Tokenize the corpus into the cache unless a complete cache exists (local rank 0 only)."""
+        build_token_cache(self.source, self.tokenizer, self.cache_dir, self.val_fraction)
+
+    def setup(self, stage: str | None = None) -> None:
+        """Memory-map the cache and check that it holds enough rows for this packing and rank count."""
+        cache = open_token_cache(self.cache_dir / self.fingerprint)
+        self._train_rows = PackedRows(cache.train, self.seq_len)
+        self._val_rows = PackedRows(cache.val, self.seq_len)
+        self._check_row_counts()
+
+    def train_dataloader(self) -> DataLoader:
+        """Endless micro-batches for this rank, from the current (possibly restored) position.
+
+        `num_workers=0` on purpose: a batch is a few memmap slices (microseconds), and
+        without worker prefetch the sampler's position is exactly what training consumed,
+        which keeps `state_dict` and resume exact.
+        """
+        self._check_row_counts()
+        self._sampler = ResumableRankSampler(
+            num_rows=self._rows("train").num_rows,
+            micro_batch_size=self.micro_batch_size,
+            dp_rank=self.dp_rank,
+            dp_size=self.dp_size,
+            seed=self.seed,
+            shuffle=self.shuffle,
+            start_position=self.rows_consumed,
+        )
+        _silence_deliberate_loader_warnings()
+        return DataLoader(TrainBatches(self._rows("train"), self._sampler), batch_size=None, num_workers=0)
+
+    def val_dataloader(self) -> DataLoader:
+        """The same validation rows every time, at full seq_len, split evenly over ranks."""
+        batches = ValidationBatches(
+            self._rows("val"), self.micro_batch_size, self.dp_rank, self.dp_size, self.val_max_rows
+        )
+        _silence_deliberate_loader_warnings()
+        return DataLoader(batches, batch_size=None, num_workers=0)
+
+    # -- resume ------------------------------------------------------------------------
+
+    @property
+    def rows_consumed(self) -> int:
+        """Global rows consumed by all ranks together: the position in the global order.
+
+        Under a training module that keeps a clock (`LlamaLightningModule`), the position
+        is the clock's sequence count: rows consumed by *completed* optimizer steps. A
+        checkpoint taken in the middle of gradient accumulation (preemption, an epoch end)
+        then resumes exactly: the partial step's micro-batches are read again. Without
+        one, it is the sampler's position.
+        """
+        clock = getattr(self.trainer.lightning_module, "clock", None) if self.trainer is not None else None
+        if clock is not None:
+            return clock.sequences
+        return self._sampler.position if self._sampler is not None else self._start_position
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "rows_consumed": self.rows_consumed,
+            "fingerprint": self.fingerprint,
+            "seq_len": self.seq_len,
+            "shuffle": self.shuffle,
+            "seed": self.seed,
+        }
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Restore the position; takes effect at the next `train_dataloader()` (Lightning calls that later)."""
+        if state_dict["fingerprint"] != self.fingerprint:
+            raise ValueError(
+                f"the checkpoint was trained on token cache {state_dict['fingerprint']} but the current data "
+                f"settings give {self.fingerprint}: data.source, data.tokenizer or data.val_fraction differ. "
+                "Resume with the data settings of the checkpoint."
+            )
+        for key in ("seq_len", "shuffle", "seed"):
+            saved, current = state_dict[key], getattr(self, key)
+            if saved != current:
+                raise ValueError(
+                    f"the checkpoint read rows with data.{key}={saved!r} but data.{key}={current!r} now, "
+                    f"which changes the row order; resume with data.{key}={saved!r}"
+                )
+        check_position(state_dict["rows_consumed"], self.micro_batch_size, self.dp_size)
+        self._start_position = state_dict["rows_consumed"]
+        self._sampler = None
+
+    # -- helpers -------------------------------------------------------------------------
+
+    @property
+    def num_train_rows(self) -> int:
+        return self._rows("train").num_rows
+
+    @property
+    def num_val_rows(self) -> int:
+        return self._rows("val").num_rows
+
+    def _rows(self, split: str) -> PackedRows:
+        rows = self._train_rows if split == "train" else self._val_rows
+        if rows is None:
+            raise RuntimeError("call prepare_data() and setup() before using the data (Lightning does)")
+        return rows
+
+    def _training_documents(self) -> Iterator[str]:
+        """The training-split documents, which a `bpe` tokenizer learns from (never validation text)."""
+        return self._split.training_documents(self.source.batches(self.cache_dir / HF_DATASETS_SUBDIR))
+
+    def _check_row_counts(self) -> None:
+        row = self.seq_len + 1
+        group = self.micro_batch_size * self.dp_size
+        train_rows, val_rows = self._rows("train").num_rows, self._rows("val").num_rows
+        if train_rows < group:
+            raise ValueError(
+                f"the training split has {train_rows} rows of seq_len + 1 = {row} tokens, fewer than one global "
+                f"micro-batch (micro_batch_size * dp_size = {group} rows): lower data.seq_len or "
+                "data.micro_batch_size, or use a larger corpus"
+            )
+        usable_val_rows = val_rows if self.val_max_rows is None else min(val_rows, self.val_max_rows)
+        if usable_val_rows < self.dp_size:
+            raise ValueError(
+                f"the validation split has {usable_val_rows} usable rows of {row} tokens, fewer than one per "
+                f"data-parallel rank ({self.dp_size}): raise data.val_fraction (now {self.val_fraction}) "
+                "or data.val_max_rows, or lower data.seq_len"
+            )
+
+
+def _check_settings(
+    seq_len: int, micro_batch_size: int, val_fraction: float, val_max_rows: int | None, shuffle: bool, seed: int
+) -> None:
+    """Reject bad scalar settings before anything is read or tokenized."""
+    if not _is_int(seq_len) or seq_len < MIN_SEQ_LEN:
+        raise ValueError(f"data.seq_len must be an integer >= {MIN_SEQ_LEN}, got {seq_len!r}")
+    if not _is_int(micro_batch_size) or micro_batch_size < 1:
+        raise ValueError(f"data.micro_batch_size must be an integer >= 1, got {micro_batch_size!r}")
+    if isinstance(val_fraction, bool) or not isinstance(val_fraction, (int, float)) or not 0 < val_fraction < 0.5:
+        raise ValueError(f"data.val_fraction must be a number in (0, 0.5), got {val_fraction!r}")
+    if val_max_rows is not None and (not _is_int(val_max_rows) or val_max_rows < 1):
+        raise ValueError(f"data.val_max_rows must be a positive integer or null, got {val_max_rows!r}")
+    if not isinstance(shuffle, bool):
+        raise ValueError(f"data.shuffle must be true or false, got {shuffle!r}")
+    if not _is_int(seed):
+        raise ValueError(f"data.seed must be an integer, got {seed!r}")
+
+
+def _silence_deliberate_loader_warnings() -> None:
+    """Hide Lightning's advice against deliberate choices of these loaders (see `data.batches`).
+
+    Its warnings about few workers and about `__len__` on an `IterableDataset` with
+    worker processes do not apply (batches are memmap slices, there are no workers), and
+    a mid-epoch resume is exact because the position is restored by `load_state_dict`.
+    """
+    warnings.filterwarnings("ignore", message=".*does not have many workers.*")
+    warnings.filterwarnings("ignore", message="Your `IterableDataset` has `__len__` defined.*")
+    warnings.filterwarnings("ignore", message="You're resuming from a checkpoint that ended before the epoch ended.*")
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)

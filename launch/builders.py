@@ -1,0 +1,61 @@
+"""Instantiate the pieces of a run from its config: data, model, callbacks, loggers, trainer."""
+
+import lightning as L
+from hydra.utils import instantiate
+from lightning.pytorch.loggers import Logger, WandbLogger
+from lightning.pytorch.strategies import Strategy
+from omegaconf import DictConfig, OmegaConf
+
+from launch.config_checks import RunSettings, check_vocab, world_size
+from lightning_modules.hf_interop import load_hf_pretrained
+from lightning_modules.llama_module import LlamaLightningModule
+
+
+def build_datamodule(cfg: DictConfig) -> L.LightningDataModule:
+    return instantiate(cfg.data, _convert_="all")
+
+
+def build_module(cfg: DictConfig, settings: RunSettings, vocab_size: int) -> LlamaLightningModule:
+    """The training module; with ``init_from_hf`` the architecture and weights come from that folder."""
+    model, init_state_dict = settings.model, None
+    if cfg.get("init_from_hf"):
+        model, init_state_dict = load_hf_pretrained(cfg.init_from_hf)
+    return LlamaLightningModule(
+        model=check_vocab(model, vocab_size),
+        optimizer=settings.optimizer,
+        lr_schedule=settings.lr_schedule,
+        batch=settings.batch,
+        layout=settings.layout,
+        token_budget=cfg.get("token_budget"),
+        init_state_dict=init_state_dict,
+    )
+
+
+def build_loggers(cfg: DictConfig) -> list[Logger]:
+    """Every logger of the chosen ``logger`` group, with the resolved config attached.
+
+    W&B charts use tokens seen as their x-axis, since steps change meaning when the batch
+    or sequence length changes.
+    """
+    loggers = [instantiate(node) for node in (cfg.get("logger") or {}).values()]
+    resolved = OmegaConf.to_container(cfg, resolve=True)
+    for logger in loggers:
+        logger.log_hyperparams(resolved)
+        if isinstance(logger, WandbLogger) and L.fabric.utilities.rank_zero.rank_zero_only.rank == 0:
+            logger.experiment.define_metric("train/tokens_seen")
+            logger.experiment.define_metric("*", step_metric="train/tokens_seen")
+    return loggers
+
+
+def build_strategy(cfg: DictConfig) -> Strategy | str:
+    """The configured strategy; FSDP2's data-parallel size defaults to every process."""
+    if "_target_" not in cfg.strategy:
+        return cfg.strategy.name
+    if "data_parallel_size" in cfg.strategy and cfg.strategy.data_parallel_size is None:
+        return instantiate(cfg.strategy, data_parallel_size=world_size(cfg.trainer) or "auto")
+    return instantiate(cfg.strategy)
+
+
+def build_trainer(cfg: DictConfig, loggers: list[Logger]) -> L.Trainer:
+    callbacks = [instantiate(node) for node in (cfg.get("callbacks") or {}).values()]
+    return instantiate(cfg.trainer, callbacks=callbacks, logger=loggers or False, strategy=build_strategy(cfg))

@@ -1,0 +1,304 @@
+"""A Llama-family decoder-only transformer in plain PyTorch, in one readable file.
+
+The architecture is the one of Llama 2 / TinyLlama: pre-norm residual blocks with RMSNorm,
+rotary position embeddings, grouped-query attention and a SwiGLU MLP, no biases. Parameter
+names and the rotary convention (rotate the two halves of each head, as Hugging Face and
+GPT-NeoX do) are chosen so that a Hugging Face ``LlamaForCausalLM`` checkpoint maps onto this
+model by renaming keys only (see ``hf_interop.py``).
+
+Attention goes through ``torch.nn.functional.scaled_dot_product_attention`` with
+``is_causal=True``, which dispatches to FlashAttention on GPUs. There is no document masking:
+every token attends to all earlier tokens of its row, whatever the position ids say, exactly
+as Hugging Face's model does when it is given position ids without an attention mask.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+# Llama rounds its SwiGLU width up to a multiple of 256 so the matmuls tile well on GPUs.
+MLP_MULTIPLE_OF = 256
+
+
+def default_mlp_hidden(d_model: int) -> int:
+    """Llama's SwiGLU width: 2/3 of 4 * d_model (keeps the MLP's parameter count equal to a
+    4x GELU MLP, since SwiGLU has three matrices), rounded up to ``MLP_MULTIPLE_OF``.
+
+    Gives 11008 for d_model 4096 and 13824 for 5120, the published Llama-2 widths.
+    """
+    hidden = int(8 * d_model / 3)
+    return MLP_MULTIPLE_OF * math.ceil(hidden / MLP_MULTIPLE_OF)
+
+
+def _require_positive_int(name: str, value: object) -> None:
+    """Reject zero, negative and non-integer sizes early, with the field named."""
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ValueError(f"LlamaConfig.{name} must be a positive integer, got {value!r}; set {name} to a value >= 1.")
+
+
+def _require_positive_float(name: str, value: object) -> None:
+    """Reject non-positive scalars (theta, eps, std) that would silently break the model."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+        raise ValueError(f"LlamaConfig.{name} must be a positive number, got {value!r}; set {name} to a value > 0.")
+
+
+@dataclass(kw_only=True)
+class LlamaConfig:
+    """Shape and numerics of a Llama model.
+
+    ``vocab_size`` may stay None in presets: the training code fills it in from the tokenizer
+    before building the model. ``n_kv_heads`` None means standard multi-head attention
+    (``n_heads``); ``mlp_hidden`` None means Llama's rule (``default_mlp_hidden``). Both are
+    resolved in ``__post_init__``, so after construction they are always integers.
+    """
+
+    name: str = "custom"
+    vocab_size: int | None = None
+    n_layers: int
+    d_model: int
+    n_heads: int
+    n_kv_heads: int | None = None
+    mlp_hidden: int | None = None
+    rope_theta: float = 10000.0
+    norm_eps: float = 1e-5
+    tie_embeddings: bool = False
+    init_std: float = 0.02
+
+    def __post_init__(self) -> None:
+        for field_name in ("n_layers", "d_model", "n_heads"):
+            _require_positive_int(field_name, getattr(self, field_name))
+        if self.n_kv_heads is None:
+            self.n_kv_heads = self.n_heads
+        if self.mlp_hidden is None:
+            self.mlp_hidden = default_mlp_hidden(self.d_model)
+        _require_positive_int("n_kv_heads", self.n_kv_heads)
+        _require_positive_int("mlp_hidden", self.mlp_hidden)
+        if self.vocab_size is not None:
+            _require_positive_int("vocab_size", self.vocab_size)
+        for field_name in ("rope_theta", "norm_eps", "init_std"):
+            _require_positive_float(field_name, getattr(self, field_name))
+        self._check_head_layout()
+
+    def _check_head_layout(self) -> None:
+        """Heads must split d_model evenly, kv heads must split the query heads evenly, and
+        rotary embeddings rotate dimension pairs, so the head dimension must be even."""
+        if self.d_model % self.n_heads:
+            raise ValueError(
+                f"LlamaConfig.d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads}); "
+                "change d_model or n_heads so that every head gets d_model / n_heads dimensions."
+            )
+        if self.n_heads % self.n_kv_heads:
+            raise ValueError(
+                f"LlamaConfig.n_heads ({self.n_heads}) must be divisible by n_kv_heads ({self.n_kv_heads}); "
+                "choose n_kv_heads as a divisor of n_heads (n_kv_heads = n_heads for standard attention)."
+            )
+        if self.head_dim % 2:
+            raise ValueError(
+                f"LlamaConfig.d_model / n_heads = {self.head_dim} must be even for rotary embeddings; "
+                "change d_model or n_heads."
+            )
+
+    @property
+    def head_dim(self) -> int:
+        """Dimension of one attention head."""
+        return self.d_model // self.n_heads
+
+
+class RMSNorm(nn.Module):
+    """Root-mean-square norm with a learned gain.
+
+    Statistics are computed in fp32 (bf16 would lose precision in the mean of squares) and
+    the result is cast back before the gain is applied, the same order as Hugging Face.
+    """
+
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.empty(dim))
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """Unit gain: the norm starts as a pure normalisation."""
+        nn.init.ones_(self.weight)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        normed = F.rms_norm(x.float(), (x.size(-1),), eps=self.eps)
+        return self.weight * normed.type_as(x)
+
+
+def rotary_cos_sin(position_ids: torch.Tensor, head_dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rotary tables for the given positions, in fp32, shaped ``[*position_ids.shape, head_dim]``.
+
+    Computed from the positions on every forward (once, shared by all layers) instead of
+    being read from a fixed-length cache: no maximum sequence length, rows whose positions
+    restart work, and there is no buffer to lose when the model is built on the meta device.
+    Frequency i is ``theta ** (-2i / head_dim)``; the angle table is repeated for both halves
+    of the head (the half-rotation convention).
+    """
+    exponents = torch.arange(0, head_dim, 2, device=position_ids.device, dtype=torch.float32) / head_dim
+    inv_freq = 1.0 / theta**exponents
+    angles = position_ids.float().unsqueeze(-1) * inv_freq
+    angles = torch.cat((angles, angles), dim=-1)
+    return angles.cos(), angles.sin()
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate each head's (first half, second half) dimension pairs by the position angle.
+
+    The tables are cast to the activation dtype (a no-op in fp32), as Hugging Face does.
+    """
+    half = x.size(-1) // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos.to(x.dtype) + rotated * sin.to(x.dtype)
+
+
+def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """Causal SDPA for q: [b, H, T, d] and k, v: [b, H_kv, T, d], H a multiple of H_kv.
+
+    Query head h reads k/v head h // (H / H_kv). In fp16/bf16, ``enable_gqa`` reaches
+    FlashAttention's native grouped-query support, which never materialises repeated k/v.
+    No fused kernel accepts ``enable_gqa`` in fp32 (SDPA silently falls back to its unfused
+    math kernel), so in fp32 k/v are repeated explicitly and a fused kernel stays usable.
+    """
+    group = q.size(1) // k.size(1)
+    if group == 1:
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    if q.dtype == torch.float32:
+        k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+
+
+class Attention(nn.Module):
+    """Causal self-attention with grouped-query attention and rotary embeddings."""
+
+    def __init__(self, config: LlamaConfig) -> None:
+        super().__init__()
+        self.n_heads = config.n_heads
+        self.n_kv_heads = config.n_kv_heads
+        self.head_dim = config.head_dim
+        kv_dim = config.n_kv_heads * config.head_dim
+        self.q_proj = nn.Linear(config.d_model, config.d_model, bias=False)
+        self.k_proj = nn.Linear(config.d_model, kv_dim, bias=False)
+        self.v_proj = nn.Linear(config.d_model, kv_dim, bias=False)
+        self.o_proj = nn.Linear(config.d_model, config.d_model, bias=False)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """``x``: [b, T, d_model]; ``cos``/``sin``: [b or 1, 1, T, head_dim]."""
+        b, t, _ = x.shape
+        q = self.q_proj(x).view(b, t, self.n_heads, self.head_dim).transpose(1, 2)
+        k = self.k_proj(x).view(b, t, self.n_kv_heads, self.head_dim).transpose(1, 2)
+        v = self.v_proj(x).view(b, t, self.n_kv_heads, self.head_dim).transpose(1, 2)
+        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        y = causal_attention(q, k, v)
+        return self.o_proj(y.transpose(1, 2).reshape(b, t, -1))
+
+
+class MLP(nn.Module):
+    """SwiGLU feed-forward: down(silu(gate(x)) * up(x))."""
+
+    def __init__(self, config: LlamaConfig) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(config.d_model, config.mlp_hidden, bias=False)
+        self.up_proj = nn.Linear(config.d_model, config.mlp_hidden, bias=False)
+        self.down_proj = nn.Linear(config.mlp_hidden, config.d_model, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class TransformerBlock(nn.Module):
+    """Pre-norm residual block: x + attention(norm(x)), then x + mlp(norm(x))."""
+
+    def __init__(self, config: LlamaConfig) -> None:
+        super().__init__()
+        self.attention_norm = RMSNorm(config.d_model, config.norm_eps)
+        self.attention = Attention(config)
+        self.mlp_norm = RMSNorm(config.d_model, config.norm_eps)
+        self.mlp = MLP(config)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        x = x + self.attention(self.attention_norm(x), cos, sin)
+        return x + self.mlp(self.mlp_norm(x))
+
+
+class Llama(nn.Module):
+    """Token ids -> next-token logits. The loss lives in the training module."""
+
+    def __init__(self, config: LlamaConfig) -> None:
+        super().__init__()
+        if config.vocab_size is None:
+            raise ValueError(
+                "LlamaConfig.vocab_size is None; set it from the tokenizer "
+                "(e.g. dataclasses.replace(config, vocab_size=len(tokenizer))) before building Llama."
+            )
+        self.config = config
+        self.tok_embeddings = nn.Embedding(config.vocab_size, config.d_model)
+        self.layers = nn.ModuleList(TransformerBlock(config) for _ in range(config.n_layers))
+        self.norm = RMSNorm(config.d_model, config.norm_eps)
+        self.output = nn.Linear(config.d_model, config.vocab_size, bias=False)
+        self.tie_weights()
+        self.init_weights()
+
+    def tie_weights(self) -> None:
+        """With ``tie_embeddings``, make the output projection the very embedding Parameter.
+
+        Called at construction; call it again after anything that replaces Parameter objects
+        (``to_empty`` on a meta-device model, ``load_state_dict(..., assign=True)``), since
+        those give the two modules separate Parameters.
+        """
+        if self.config.tie_embeddings:
+            self.output.weight = self.tok_embeddings.weight
+
+    def init_weights(self) -> None:
+        """Initialise all weights; deterministic given torch's global seed.
+
+        Embeddings and linear weights are drawn from N(0, init_std). The two projections that
+        write into the residual stream (``o_proj`` and ``down_proj``) use
+        init_std / sqrt(2 * n_layers) instead (GPT-2 / Megatron scaled init): each block adds
+        two such outputs to the stream, so without the scaling the residual's variance grows
+        with depth and deep models start with exploding activations. Norm gains start at 1.
+        Safe to call again after materialising a meta-device model (``to_empty``).
+        """
+        std = self.config.init_std
+        residual_std = std / math.sqrt(2 * self.config.n_layers)
+        for name, module in self.named_modules():
+            if isinstance(module, RMSNorm):
+                module.reset_parameters()
+            elif isinstance(module, (nn.Linear, nn.Embedding)):
+                writes_residual = name.endswith((".o_proj", ".down_proj"))
+                nn.init.normal_(module.weight, mean=0.0, std=residual_std if writes_residual else std)
+
+    def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor | None = None) -> torch.Tensor:
+        """``input_ids``: [b, T] int64; ``position_ids``: [b, T] (default 0..T-1 in every row).
+
+        Returns logits [b, T, vocab_size].
+        """
+        if position_ids is None:
+            position_ids = torch.arange(input_ids.size(1), device=input_ids.device).unsqueeze(0)
+        cos, sin = rotary_cos_sin(position_ids, self.config.head_dim, self.config.rope_theta)
+        cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)  # broadcast over heads
+        h = self.tok_embeddings(input_ids)
+        for layer in self.layers:
+            h = layer(h, cos, sin)
+        return self.output(self.norm(h))
+
+
+def count_parameters(config: LlamaConfig, include_embedding: bool = True) -> int:
+    """Number of unique parameters (tied weights once), counted on the meta device (no memory).
+
+    ``include_embedding=False`` leaves out the input embedding table, the convention for
+    MFU's 6N: a table lookup costs no matmul flops. With tied embeddings the same matrix is
+    also the output projection, which does cost flops, so it stays counted.
+    """
+    with torch.device("meta"):
+        model = Llama(config)
+    total = sum(p.numel() for p in model.parameters())
+    if not include_embedding and not config.tie_embeddings:
+        total -= model.tok_embeddings.weight.numel()
+    return total

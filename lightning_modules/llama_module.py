@@ -1,0 +1,255 @@
+"""The LightningModule that trains a Llama and owns the shared training knobs.
+
+Knobs (see DESIGN.md, "Shape"): the clock, the global batch, the training sequence
+length, the token-based LR schedule and the token budget. Callbacks change training only
+through these.
+
+Each ``training_step`` is one micro-batch; the module owns gradient accumulation (manual
+optimization), because the number of micro-batches per optimizer step changes whenever
+the global batch does, which Lightning's ``accumulate_grad_batches`` cannot express.
+"""
+
+import math
+from dataclasses import asdict
+from typing import Any
+
+import lightning as L
+import torch
+import torch.nn.functional as F
+from torch.nn.parallel import DistributedDataParallel
+
+from lightning_modules.clock import TrainingClock
+from lightning_modules.global_batch import BatchConfig, GlobalBatch
+from lightning_modules.llama import Llama, LlamaConfig
+from lightning_modules.lr_schedule import LRScheduleConfig, learning_rate
+from lightning_modules.optim import OptimizerConfig, build_optimizer
+from lightning_modules.parallelism import LayoutConfig, apply_layout, clip_grad_norm
+
+PROGRESS_BAR_KEYS = ("train/loss", "train/tokens_seen", "perf/tokens_per_sec")
+
+
+class LlamaLightningModule(L.LightningModule):
+    """Next-token prediction on packed rows with token-based schedules.
+
+    Args:
+        model: the architecture; ``vocab_size`` must be filled in.
+        optimizer, lr_schedule, batch, layout: settings of their Hydra groups.
+        token_budget: training stops once this many tokens were seen (all ranks).
+        init_state_dict: weights to start from (e.g. converted Hugging Face weights);
+            applied when the model is built, before any sharding.
+    """
+
+    def __init__(
+        self,
+        model: LlamaConfig,
+        optimizer: OptimizerConfig,
+        lr_schedule: LRScheduleConfig,
+        batch: BatchConfig,
+        layout: LayoutConfig,
+        token_budget: int | None = None,
+        init_state_dict: dict[str, torch.Tensor] | None = None,
+    ) -> None:
+        super().__init__()
+        self.automatic_optimization = False
+        self.save_hyperparameters(
+            {
+                "model": asdict(model),
+                "optimizer": asdict(optimizer),
+                "lr_schedule": asdict(lr_schedule),
+                "batch": asdict(batch),
+                "layout": asdict(layout),
+                "token_budget": token_budget,
+            }
+        )
+        self.model_config, self.optimizer_config = model, optimizer
+        self.lr_schedule, self.batch_config, self.layout = lr_schedule, batch, layout
+        self.token_budget = token_budget
+        self._init_state_dict = init_state_dict
+        self.model: Llama | None = None
+
+        self.clock = TrainingClock()
+        self.global_batch = GlobalBatch(batch)
+        self.train_seq_len: int | None = None  # None: train on the full packed length
+        self._micro_index = 0  # micro-batch within the current optimizer step
+        self._step_loss = torch.zeros(())
+        self._step_tokens = 0
+        self._trained_seq_len = 0
+        self.step_metrics: dict[str, float] = {}  # this step's metrics; callbacks may add to it
+
+    # ---------------------------------------------------------------- model building
+    def configure_model(self) -> None:
+        """Build the model (once) and lay it out: checkpointing, compile, FSDP2 sharding."""
+        if self.model is not None:
+            return
+        self.model = Llama(self.model_config)
+        if self._init_state_dict is not None:
+            self.model.load_state_dict(self._init_state_dict)
+            self._init_state_dict = None
+        apply_layout(self.model, self.layout, mesh=self._data_parallel_mesh())
+
+    def _data_parallel_mesh(self):
+        """The FSDP2 mesh under ModelParallelStrategy, else None (no sharding here)."""
+        mesh = self.device_mesh
+        if mesh is None:
+            return None
+        if mesh.mesh_dim_names and "tensor_parallel" in mesh.mesh_dim_names:
+            if mesh["tensor_parallel"].size() != 1:
+                raise ValueError("tensor parallelism is not supported: set strategy.tensor_parallel_size=1.")
+            return mesh["data_parallel"]
+        return mesh
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return build_optimizer(self.model, self.optimizer_config)
+
+    def setup(self, stage: str) -> None:
+        """Fix the data-parallel size, now known, into the global batch arithmetic."""
+        if stage == "fit":
+            state = self.global_batch.state_dict()
+            self.global_batch = GlobalBatch(self.batch_config, data_parallel_size=self.data_parallel_size)
+            self.global_batch.load_state_dict(state)
+
+    @property
+    def data_parallel_size(self) -> int:
+        """Ranks that each read different data: all of them (DDP and FSDP shard data)."""
+        return self.trainer.world_size if self._trainer is not None else 1
+
+    # ---------------------------------------------------------------- forward / loss
+    def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor | None = None) -> torch.Tensor:
+        return self.model(input_ids, position_ids)
+
+    def loss(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        """Mean next-token cross-entropy in fp32 over the batch's labelled tokens."""
+        logits = self.model(batch["input_ids"], batch.get("position_ids"))
+        return F.cross_entropy(logits.float().flatten(0, 1), batch["labels"].flatten())
+
+    def _fit_seq_len(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Truncate every tensor of the batch to the current training sequence length."""
+        if self.train_seq_len is None or self.train_seq_len >= batch["input_ids"].shape[1]:
+            return batch
+        return {key: value[:, : self.train_seq_len] for key, value in batch.items()}
+
+    # ---------------------------------------------------------------- training
+    @property
+    def at_step_boundary(self) -> bool:
+        """True between optimizer steps (no gradients are partly accumulated)."""
+        return self._micro_index == 0
+
+    def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
+        if self.at_step_boundary:
+            self.global_batch.apply_pending()
+        wrapped = self.trainer.strategy.model
+        if isinstance(wrapped, DistributedDataParallel):
+            # DDP reads this flag in its forward: only the last micro-batch of a step
+            # all-reduces; the earlier ones accumulate locally (what no_sync() does).
+            wrapped.require_backward_grad_sync = self._micro_index == self.global_batch.accumulation - 1
+
+    def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        batch = self._fit_seq_len(batch)
+        loss = self.loss(batch)
+        # Each rank's micro-batches weigh 1/accumulation; DDP and FSDP average over ranks,
+        # so the gradient is the mean over the global batch.
+        self.manual_backward(loss / self.global_batch.accumulation)
+        self._step_loss = self._step_loss.to(loss.device) + loss.detach()
+        self._step_tokens += batch["labels"].numel()
+        self._trained_seq_len = batch["labels"].shape[1]
+        self._micro_index += 1
+        if self._micro_index == self.global_batch.accumulation:
+            self._optimizer_step()
+        return loss.detach()
+
+    def _optimizer_step(self) -> None:
+        optimizer = self.optimizers()
+        lr = learning_rate(
+            self.optimizer_config.lr, self.lr_schedule, self.clock.steps + 1, self.clock.tokens, self.token_budget
+        )
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+        max_norm = self.optimizer_config.grad_clip or math.inf
+        grad_norm = clip_grad_norm(self.model, self.trainer.strategy.model, max_norm)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+        # Every rank trains the same shapes, so global tokens = local tokens x ranks.
+        self.clock.advance(self.global_batch.size, self._step_tokens * self.data_parallel_size)
+        step_loss = self.trainer.strategy.reduce(self._step_loss / self.global_batch.accumulation, reduce_op="mean")
+        self._log_step(step_loss, lr, grad_norm)
+        self._micro_index, self._step_loss, self._step_tokens = 0, torch.zeros(()), 0
+        if self.token_budget is not None and self.clock.tokens >= self.token_budget:
+            self.trainer.should_stop = True
+
+    def _log_step(self, loss: torch.Tensor, lr: float, grad_norm: torch.Tensor) -> None:
+        self.step_metrics.update(
+            {
+                "train/loss": loss.item(),
+                "train/sequences_seen": self.clock.sequences,
+                "train/lr": lr,
+                "train/global_batch_size": self.global_batch.size,
+                "train/seq_len": self._trained_seq_len,
+                "train/grad_norm": grad_norm.item(),
+            }
+        )
+
+    def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
+        """Flush the metrics of a completed optimizer step (callbacks have added theirs by now)."""
+        if not self.at_step_boundary:
+            return
+        if self.clock.steps % self.trainer.log_every_n_steps == 0 or self.trainer.should_stop:
+            self.log_metrics(self.step_metrics)
+        metrics = {**self.step_metrics, "train/tokens_seen": self.clock.tokens}
+        shown = {key: float(metrics[key]) for key in PROGRESS_BAR_KEYS if key in metrics}
+        self.log_dict(shown, prog_bar=True, logger=False)
+        self.step_metrics.clear()
+
+    def log_metrics(self, metrics: dict[str, float]) -> None:
+        """Send metrics to every logger at the current optimizer step.
+
+        Lightning's own ``self.log`` counts steps in training batches, which here are
+        micro-batches; logging directly keeps the step axis in optimizer steps and puts
+        the token clock (the x-axis of every chart) in every row.
+        """
+        row = {key: float(value) for key, value in metrics.items()}
+        row["train/tokens_seen"] = float(self.clock.tokens)
+        for logger in self.loggers:
+            logger.log_metrics(row, step=self.clock.steps)
+
+    def on_validation_model_zero_grad(self) -> None:
+        """Keep accumulated gradients: this module clears them itself after each step."""
+
+    # ---------------------------------------------------------------- validation
+    def on_validation_epoch_start(self) -> None:
+        self._val_loss_sum = torch.zeros((), device=self.device)
+        self._val_batches = 0
+
+    def validation_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> None:
+        """Validation always runs at the full packed length."""
+        self._val_loss_sum += self.loss(batch).detach()
+        self._val_batches += 1
+
+    def on_validation_epoch_end(self) -> None:
+        """Mean over batches and ranks (every rank runs the same number of equal batches)."""
+        if self._val_batches == 0:
+            return
+        val_loss = self.trainer.strategy.reduce(self._val_loss_sum / self._val_batches, reduce_op="mean")
+        self.log("val/loss", val_loss, prog_bar=True, logger=False)  # for the bar and checkpoint monitors
+        if not self.trainer.sanity_checking:
+            self.log_metrics({"val/loss": val_loss.item(), "val/ppl": math.exp(val_loss.item())})
+
+    # ---------------------------------------------------------------- checkpoints
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        """Save the knobs as of the last completed optimizer step.
+
+        A checkpoint taken mid-accumulation (preemption) is still exact: weights, optimizer
+        state and clock only change at step boundaries, the data position is the clock's
+        sequence count, and a resumed run simply recomputes the partial step.
+        """
+        checkpoint["training_knobs"] = {
+            "clock": self.clock.state_dict(),
+            "global_batch": self.global_batch.state_dict(),
+            "train_seq_len": self.train_seq_len,
+        }
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        knobs = checkpoint["training_knobs"]
+        self.clock.load_state_dict(knobs["clock"])
+        self.global_batch.load_state_dict(knobs["global_batch"])
+        self.train_seq_len = knobs["train_seq_len"]

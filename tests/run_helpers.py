@@ -1,0 +1,66 @@
+"""Shared helpers for tests that train: tiny settings, Hydra composition, subprocess runs."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+from hydra import compose, initialize_config_dir
+
+REPO = Path(__file__).resolve().parents[1]
+
+# A model and corpus small enough that a few optimizer steps take about a second on CPU.
+TINY = [
+    "model.n_layers=2",
+    "model.d_model=32",
+    "model.n_heads=4",
+    "model.n_kv_heads=2",
+    "model.mlp_hidden=64",
+    "data.seq_len=32",
+    "data.source.max_documents=600",
+    "data.val_max_rows=16",
+    "batch.micro_batch_size=2",
+    "batch.global_batch_size=8",
+    "token_budget=100000",
+    "lr_schedule.warmup_steps=2",
+    "trainer.log_every_n_steps=1",
+    "trainer.num_sanity_val_steps=0",
+]
+
+# Frequent validation and checkpoints, CSV logs: for runs whose outputs a test reads.
+OBSERVED = [
+    "callbacks.validation_schedule.every_n_steps=3",
+    "callbacks.model_checkpoint.every_n_train_steps=2",
+    "logger=csv",
+]
+
+
+def compose_config(overrides: list[str], tmp_path: Path):
+    """The composed train config, with outputs and caches under tmp_path."""
+    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+        return compose(
+            "train",
+            overrides=[
+                f"paths.root_dir={tmp_path}",
+                f"paths.run_dir={tmp_path / 'run'}",
+                f"paths.cache_dir={tmp_path.parent / 'shared_cache'}",
+            ]
+            + overrides,
+            return_hydra_config=False,
+        )
+
+
+def run_train(overrides: list[str], run_dir: Path, cache_dir: Path, timeout: int = 300, **popen):
+    """Run train.py in a subprocess (as a user would) and return the finished process."""
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "WANDB_MODE": "offline", "PYTHONUNBUFFERED": "1"}
+    command = [sys.executable, str(REPO / "train.py"), f"hydra.run.dir={run_dir}", f"paths.cache_dir={cache_dir}"]
+    return subprocess.run(
+        command + overrides, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout, **popen
+    )
+
+
+def checkpoint_weights(path: Path) -> dict[str, torch.Tensor]:
+    """Model weights of a single-file Lightning checkpoint."""
+    state = torch.load(path, map_location="cpu", weights_only=False)["state_dict"]
+    return {key: value for key, value in state.items() if key.startswith("model.")}

@@ -1,0 +1,53 @@
+"""Gradient accumulation owned by the module equals one big batch and a direct computation."""
+
+import copy
+
+import lightning as L
+import torch
+import torch.nn.functional as F
+
+from launch.builders import build_datamodule, build_module, build_trainer
+from launch.config_checks import check_config
+from tests.run_helpers import TINY, compose_config
+
+
+class CaptureGradients(L.Callback):
+    """Records the gradients the optimizer is about to apply, and the weights before it."""
+
+    def on_before_optimizer_step(self, trainer, pl_module, optimizer):
+        if not hasattr(self, "grads"):
+            self.grads = {n: p.grad.detach().clone() for n, p in pl_module.model.named_parameters()}
+
+
+def one_step(tmp_path, micro: int, global_batch: int):
+    cfg = compose_config(
+        TINY + [f"batch.micro_batch_size={micro}", f"batch.global_batch_size={global_batch}",
+                "optimizer.grad_clip=null", "trainer.max_steps=1", "logger=none", "callbacks=none"],
+        tmp_path,
+    )
+    L.seed_everything(cfg.seed, verbose=False)
+    datamodule = build_datamodule(cfg)
+    module = build_module(cfg, check_config(cfg), datamodule.vocab_size)
+    capture = CaptureGradients()
+    trainer = build_trainer(cfg, loggers=[])
+    trainer.callbacks.append(capture)
+    module.configure_model()
+    initial = copy.deepcopy(module.model)
+    trainer.fit(module, datamodule=datamodule)
+    return capture.grads, initial, cfg, module
+
+
+def test_eight_accumulated_micro_batches_equal_one_batch_of_eight(tmp_path):
+    grads_big, initial, cfg, module = one_step(tmp_path / "a", micro=8, global_batch=8)
+    grads_acc, _, _, module_acc = one_step(tmp_path / "b", micro=1, global_batch=8)
+    assert module.clock.tokens == module_acc.clock.tokens == 8 * 32
+
+    # Independent reference: the mean loss over the first 8 rows of the data order, by hand.
+    datamodule = build_datamodule(cfg)  # a fresh one: the first 8 rows of the data order
+    datamodule.setup("fit")
+    batch = next(iter(datamodule.train_dataloader()))
+    logits = initial(batch["input_ids"])
+    F.cross_entropy(logits.flatten(0, 1), batch["labels"].flatten()).backward()
+    for name, param in initial.named_parameters():
+        torch.testing.assert_close(grads_big[name], param.grad, rtol=0, atol=1e-6)
+        torch.testing.assert_close(grads_acc[name], param.grad, rtol=0, atol=1e-6)

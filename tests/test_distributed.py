@@ -1,0 +1,40 @@
+"""2-process DDP and FSDP2 on CPU (gloo) train the same weights as one process.
+
+Same global batch of 8 and the same data order: one process accumulates 4 micro-batches
+of 2; two processes accumulate 2 micro-batches of 2 each. After several AdamW steps the
+weights must agree up to float reduction-order noise.
+"""
+
+import pytest
+import torch
+
+from tests.run_helpers import TINY, checkpoint_weights, run_train
+
+STEPS = ["trainer.max_steps=4", "logger=none", "callbacks.validation_schedule.every_n_steps=100"]
+
+
+@pytest.fixture(scope="module")
+def single_process_weights(tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("single")
+    result = run_train(TINY + STEPS, run_dir, tmp_path_factory.getbasetemp() / "cache")
+    assert result.returncode == 0, result.stderr[-3000:]
+    return checkpoint_weights(run_dir / "checkpoints" / "last.ckpt")
+
+
+@pytest.mark.parametrize(
+    "strategy",
+    [
+        ["strategy=ddp"],
+        ["strategy=fsdp2", "strategy.save_distributed_checkpoint=false"],
+    ],
+    ids=["ddp", "fsdp2"],
+)
+def test_two_processes_match_one(strategy, single_process_weights, tmp_path, tmp_path_factory):
+    run_dir = tmp_path / "run"
+    overrides = TINY + STEPS + strategy + ["trainer.devices=2", "trainer.accelerator=cpu"]
+    result = run_train(overrides, run_dir, tmp_path_factory.getbasetemp() / "cache")
+    assert result.returncode == 0, result.stderr[-3000:]
+    weights = checkpoint_weights(run_dir / "checkpoints" / "last.ckpt")
+    assert weights.keys() == single_process_weights.keys()
+    for name, value in single_process_weights.items():
+        torch.testing.assert_close(weights[name], value, rtol=1e-4, atol=2e-5, msg=name)

@@ -1,0 +1,50 @@
+"""Train a Llama: compose the Hydra config, check it, build the pieces, fit.
+
+    python train.py                          # tiny model on the embedded corpus
+    python train.py +experiment=baseline     # an experiment from conf/experiment/
+    python train.py -m seed=1,2,3            # a multirun sweep
+"""
+
+import logging
+import sys
+
+import hydra
+import lightning as L
+from lightning.pytorch.utilities.exceptions import SIGTERMException
+from omegaconf import DictConfig
+
+from launch.builders import build_datamodule, build_loggers, build_module, build_trainer
+from launch.config_checks import ConfigError, check_config
+
+log = logging.getLogger(__name__)
+
+
+def train(cfg: DictConfig) -> dict[str, float]:
+    """Run one training job; returns the final metrics (used by sweeps)."""
+    settings = check_config(cfg)
+    L.seed_everything(cfg.seed, workers=True, verbose=False)
+    datamodule = build_datamodule(cfg)
+    module = build_module(cfg, settings, datamodule.vocab_size)
+    trainer = build_trainer(cfg, build_loggers(cfg))
+    try:
+        trainer.fit(module, datamodule=datamodule, ckpt_path=cfg.get("ckpt_path"))
+    except SIGTERMException:
+        log.info("stopped by SIGTERM after saving a checkpoint")
+    finally:
+        for logger in trainer.loggers:
+            logger.finalize("success")
+    return {key: float(value) for key, value in trainer.callback_metrics.items()}
+
+
+@hydra.main(version_base="1.3", config_path="conf", config_name="train")
+def main(cfg: DictConfig) -> float | None:
+    try:
+        metrics = train(cfg)
+    except ConfigError as error:
+        log.error("config error: %s", error)
+        sys.exit(2)
+    return metrics.get("val/loss")
+
+
+if __name__ == "__main__":
+    main()
