@@ -1,31 +1,44 @@
 """Save a checkpoint and exit cleanly when the job is told to stop (SIGTERM).
 
 Cluster schedulers send SIGTERM before killing a preempted job. Lightning notes the
-signal; this callback then saves ``last.ckpt`` next to the periodic checkpoints and ends
-training on every rank together. The checkpoint may fall in the middle of gradient
-accumulation: it still resumes exactly (see ``LlamaLightningModule.on_save_checkpoint``).
+signal and ends training with a ``SIGTERMException`` after the current batch (or
+validation batch). This callback saves ``last.ckpt`` next to the periodic checkpoints
+before that: at the end of the batch during which the signal arrived, with all ranks
+agreeing (saving is collective), or, if the signal slipped in after that point, when
+the exception is raised. The checkpoint may fall in the middle of gradient accumulation:
+it still resumes exactly (see ``LlamaLightningModule.on_save_checkpoint``).
 """
 
+import logging
 import os
 from typing import Any
 
 import lightning as L
-from lightning.pytorch.utilities import rank_zero_info
 from lightning.pytorch.utilities.exceptions import SIGTERMException
+
+log = logging.getLogger(__name__)
 
 
 class PreemptionCheckpoint(L.Callback):
     def __init__(self, filename: str = "last.ckpt") -> None:
         self.filename = filename
+        self._saved = False
 
     def on_train_batch_end(
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
-        # Ranks may not all have seen the signal; saving is collective, so they agree first.
-        if not trainer.strategy.reduce_boolean_decision(trainer.received_sigterm, all=False):
-            return
+        if trainer.strategy.reduce_boolean_decision(trainer.received_sigterm, all=False):
+            self._save(trainer, pl_module)
+            raise SIGTERMException
+
+    def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
+        if isinstance(exception, SIGTERMException) and not self._saved:
+            self._save(trainer, pl_module)
+
+    def _save(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         dirpath = trainer.checkpoint_callback.dirpath if trainer.checkpoint_callback else trainer.default_root_dir
         path = os.path.join(dirpath, self.filename)
         trainer.save_checkpoint(path)
-        rank_zero_info(f"SIGTERM: saved {path} at step {pl_module.clock.steps}; resume with ckpt_path={path}")
-        raise SIGTERMException
+        self._saved = True
+        if trainer.is_global_zero:
+            log.info("SIGTERM: saved %s at step %d; resume with ckpt_path=%s", path, pl_module.clock.steps, path)

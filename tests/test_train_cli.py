@@ -1,0 +1,50 @@
+"""train.py as a user runs it: bad configs fail fast and clearly; W&B works offline."""
+
+import pytest
+
+from launch.config_checks import ConfigError, check_config
+from tests.run_helpers import TINY, compose_config, run_train
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["batch.global_batch_size=31"], "batch.global_batch_size=31 is not a multiple of micro_batch_size"),
+        (["+model.n_experts=8"], "unknown key(s) model.n_experts"),
+        (["optimizer.lr=-1"], "optimizer.lr=-1"),
+        (["lr_schedule.name=step"], "lr_schedule.name='step' is unknown"),
+        (["trainer.devices=2", "trainer.accelerator=cpu"], "need a distributed strategy: add strategy=ddp"),
+        (["strategy=fsdp", "trainer.accelerator=cpu"], "strategy=fsdp (FSDP1) needs GPUs"),
+        (["token_budget=null", "trainer.max_steps=-1"], "set token_budget or trainer.max_steps"),
+        (["model.n_heads=3"], "n_heads"),
+    ],
+)
+def test_bad_config_is_rejected_with_a_message_naming_the_key(overrides, message, tmp_path):
+    with pytest.raises(ConfigError) as error:
+        check_config(compose_config(TINY + overrides, tmp_path))
+    assert message in str(error.value)
+
+
+def test_bad_config_exits_before_any_work(tmp_path):
+    result = run_train(TINY + ["batch.global_batch_size=31"], tmp_path / "run", tmp_path / "cache", timeout=120)
+    assert result.returncode == 2, result.stdout[-2000:] + result.stderr[-2000:]
+    assert "config error: batch.global_batch_size=31" in result.stdout + result.stderr
+    assert not (tmp_path / "cache").exists(), "config errors must be raised before tokenizing"
+
+
+def test_unknown_top_level_key_is_rejected_by_hydra(tmp_path):
+    result = run_train(TINY + ["optimiser.lr=1"], tmp_path / "run", tmp_path / "cache", timeout=120)
+    assert result.returncode != 0
+    assert "Could not override 'optimiser.lr'" in result.stderr
+
+
+def test_end_to_end_run_writes_an_offline_wandb_run(tmp_path):
+    run_dir = tmp_path / "run"
+    result = run_train(
+        TINY + ["logger=wandb", "trainer.max_steps=3", "+experiment=baseline"], run_dir, tmp_path / "cache"
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    runs = list((run_dir / "wandb").glob("offline-run-*"))
+    assert len(runs) == 1, list(run_dir.rglob("*"))[:20]
+    assert list(runs[0].glob("*.wandb")), "the offline run holds no W&B data file"
+    assert (run_dir / "checkpoints" / "last.ckpt").exists()
