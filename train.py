@@ -13,7 +13,7 @@ import lightning as L
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from omegaconf import DictConfig
 
-from launch.builders import build_datamodule, build_loggers, build_module, build_trainer
+from launch.builders import build_datamodule, build_loggers, build_module, build_trainer, close_loggers
 from launch.config_checks import ConfigError, check_config
 
 log = logging.getLogger(__name__)
@@ -25,14 +25,14 @@ def train(cfg: DictConfig) -> dict[str, float]:
     L.seed_everything(cfg.seed, workers=True, verbose=False)
     datamodule = build_datamodule(cfg)
     module = build_module(cfg, settings, datamodule.vocab_size)
-    trainer = build_trainer(cfg, build_loggers(cfg))
+    loggers = build_loggers(cfg)
+    trainer = build_trainer(cfg, loggers)
     try:
         trainer.fit(module, datamodule=datamodule, ckpt_path=cfg.get("ckpt_path"))
     except SIGTERMException:
         log.info("stopped by SIGTERM after saving a checkpoint")
     finally:
-        for logger in trainer.loggers:
-            logger.finalize("success")
+        close_loggers(loggers)
     return {key: float(value) for key, value in trainer.callback_metrics.items()}
 
 

@@ -3,7 +3,8 @@
 Lightning counts its validation interval in training batches, which are micro-batches
 here and change in number per step whenever the global batch grows. This callback
 decides from the training clock instead and tells Lightning, batch by batch, whether the
-batch that just ended is a validation point. Validation also runs when training stops.
+batch that just ended is a validation point. Validation also runs when training stops
+(at the token budget Lightning does that itself; at max_steps this callback does).
 """
 
 from typing import Any
@@ -33,7 +34,8 @@ class ValidationSchedule(L.Callback):
     def on_train_batch_end(
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
-        due = pl_module.at_step_boundary and pl_module.clock.steps > 0 and self._due(pl_module)
+        finished = 0 < trainer.max_steps <= pl_module.clock.steps
+        due = pl_module.at_step_boundary and pl_module.clock.steps > 0 and (self._due(pl_module) or finished)
         # Lightning validates after batch i when (i + 1) % val_check_batch == 0 (with the default
         # check_val_every_n_epoch=1, i counts batches of the one endless training epoch).
         trainer.val_check_batch = batch_idx + 1 if due else float("inf")

@@ -1,7 +1,12 @@
 """Instantiate the pieces of a run from its config: data, model, callbacks, loggers, trainer."""
 
+from pathlib import Path
+
 import lightning as L
+from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
 from hydra.utils import instantiate
+from lightning.fabric.utilities.rank_zero import rank_zero_only
 from lightning.pytorch.loggers import Logger, WandbLogger
 from lightning.pytorch.strategies import Strategy
 from omegaconf import DictConfig, OmegaConf
@@ -31,20 +36,45 @@ def build_module(cfg: DictConfig, settings: RunSettings, vocab_size: int) -> Lla
     )
 
 
+def wandb_group_and_name(cfg: DictConfig) -> tuple[str, str]:
+    """Group runs by experiment, and by sweep in a multirun; name sweep runs by their overrides."""
+    if HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN:
+        hydra = HydraConfig.get()
+        group = f"{cfg.experiment_name}/{Path(hydra.sweep.dir).name}"
+        return group, f"{hydra.job.num}:{hydra.job.override_dirname or 'defaults'}"
+    return cfg.experiment_name, cfg.experiment_name
+
+
+def build_logger(cfg: DictConfig, node: DictConfig) -> Logger:
+    """One logger; a W&B logger without explicit group / name gets them from the run."""
+    if node.get("_target_", "").endswith("WandbLogger"):
+        group, name = wandb_group_and_name(cfg)
+        return instantiate(node, group=node.get("group") or group, name=node.get("name") or name)
+    return instantiate(node)
+
+
 def build_loggers(cfg: DictConfig) -> list[Logger]:
     """Every logger of the chosen ``logger`` group, with the resolved config attached.
 
     W&B charts use tokens seen as their x-axis, since steps change meaning when the batch
     or sequence length changes.
     """
-    loggers = [instantiate(node) for node in (cfg.get("logger") or {}).values()]
+    loggers = [build_logger(cfg, node) for node in (cfg.get("logger") or {}).values()]
     resolved = OmegaConf.to_container(cfg, resolve=True)
     for logger in loggers:
         logger.log_hyperparams(resolved)
-        if isinstance(logger, WandbLogger) and L.fabric.utilities.rank_zero.rank_zero_only.rank == 0:
+        if isinstance(logger, WandbLogger) and rank_zero_only.rank == 0:
             logger.experiment.define_metric("train/tokens_seen")
             logger.experiment.define_metric("*", step_metric="train/tokens_seen")
     return loggers
+
+
+def close_loggers(loggers: list[Logger]) -> None:
+    """End the W&B run, so the next job of an in-process multirun starts a new one."""
+    if any(isinstance(logger, WandbLogger) for logger in loggers) and rank_zero_only.rank == 0:
+        import wandb
+
+        wandb.finish()
 
 
 def build_strategy(cfg: DictConfig) -> Strategy | str:

@@ -150,32 +150,33 @@ def _raise_on_unknown(unknown: list[str], source: str) -> None:
         raise KeyError(f"Unknown {source} state-dict keys (no mapping): {sorted(unknown)}")
 
 
-def to_hf_state_dict(state_dict: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """Rename our model's keys to Hugging Face ``LlamaForCausalLM`` keys (tensors untouched)."""
+def _rename_all(
+    state_dict: Mapping[str, torch.Tensor], direction: tuple, source: str, skip_suffix: str | None = None
+) -> dict[str, torch.Tensor]:
+    """Rename every key with one direction's tables; unknown keys are an error listing them all."""
     renamed, unknown = {}, []
     for key, tensor in state_dict.items():
-        hf_key = _rename(key, _TOP_LEVEL_TO_HF, _PER_LAYER_TO_HF, _OUR_LAYER_KEY, "model.layers.")
-        if hf_key is None:
+        if skip_suffix is not None and key.endswith(skip_suffix):
+            continue
+        new_key = _rename(key, *direction)
+        if new_key is None:
             unknown.append(key)
         else:
-            renamed[hf_key] = tensor
-    _raise_on_unknown(unknown, "model")
+            renamed[new_key] = tensor
+    _raise_on_unknown(unknown, source)
     return renamed
+
+
+def to_hf_state_dict(state_dict: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Rename our model's keys to Hugging Face ``LlamaForCausalLM`` keys (tensors untouched)."""
+    return _rename_all(state_dict, (_TOP_LEVEL_TO_HF, _PER_LAYER_TO_HF, _OUR_LAYER_KEY, "model.layers."), "model")
 
 
 def from_hf_state_dict(hf_state_dict: Mapping[str, torch.Tensor], config: LlamaConfig) -> dict[str, torch.Tensor]:
     """Rename Hugging Face keys to ours; fill in ``output.weight`` for tied embeddings, whose
     Hugging Face files usually omit ``lm_head.weight``. Checks that every weight is present."""
-    ours, unknown = {}, []
-    for key, tensor in hf_state_dict.items():
-        if key.endswith(_IGNORED_HF_SUFFIX):
-            continue
-        our_key = _rename(key, _TOP_LEVEL_FROM_HF, _PER_LAYER_FROM_HF, _HF_LAYER_KEY, "layers.")
-        if our_key is None:
-            unknown.append(key)
-        else:
-            ours[our_key] = tensor
-    _raise_on_unknown(unknown, "Hugging Face")
+    direction = (_TOP_LEVEL_FROM_HF, _PER_LAYER_FROM_HF, _HF_LAYER_KEY, "layers.")
+    ours = _rename_all(hf_state_dict, direction, "Hugging Face", skip_suffix=_IGNORED_HF_SUFFIX)
     if config.tie_embeddings and "output.weight" not in ours and "tok_embeddings.weight" in ours:
         ours["output.weight"] = ours["tok_embeddings.weight"]
     _check_complete(ours, config)

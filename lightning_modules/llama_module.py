@@ -10,6 +10,7 @@ the global batch does, which Lightning's ``accumulate_grad_batches`` cannot expr
 """
 
 import math
+import warnings
 from dataclasses import asdict
 from typing import Any
 
@@ -26,6 +27,10 @@ from lightning_modules.optim import OptimizerConfig, build_optimizer
 from lightning_modules.parallelism import LayoutConfig, apply_layout, clip_grad_norm
 
 PROGRESS_BAR_KEYS = ("train/loss", "train/tokens_seen", "perf/tokens_per_sec")
+
+# ModelCheckpoint warns that under manual optimization it saves the state after the
+# optimizer step: that is the state the clock in the checkpoint describes.
+warnings.filterwarnings("ignore", message="Using ModelCheckpoint with manual optimization")
 
 
 class LlamaLightningModule(L.LightningModule):

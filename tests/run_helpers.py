@@ -53,7 +53,9 @@ def compose_config(overrides: list[str], tmp_path: Path):
 
 def run_train(overrides: list[str], run_dir: Path, cache_dir: Path, timeout: int = 300, **popen):
     """Run train.py in a subprocess (as a user would) and return the finished process."""
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "WANDB_MODE": "offline", "PYTHONUNBUFFERED": "1"}
+    # One thread per process: the tiny test models gain nothing from more, and 2-process
+    # runs would otherwise oversubscribe a 2-core machine.
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "WANDB_MODE": "offline", "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
     command = [sys.executable, str(REPO / "train.py"), f"hydra.run.dir={run_dir}", f"paths.cache_dir={cache_dir}"]
     return subprocess.run(
         command + overrides, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout, **popen

@@ -31,6 +31,12 @@ def uninterrupted(tmp_path_factory, cache):
     return run_dir
 
 
+def resume(checkpoint, run_dir, cache):
+    overrides = TINY + OBSERVED + [f"trainer.max_steps={STEPS}", f"ckpt_path={checkpoint}"]
+    result = run_train(overrides, run_dir, cache)
+    assert result.returncode == 0, result.stderr[-3000:]
+
+
 def assert_same_run(resumed_dir, reference_dir, first_resumed_step: int):
     reference, resumed = train_losses(reference_dir), train_losses(resumed_dir)
     assert min(resumed) == first_resumed_step
@@ -43,12 +49,7 @@ def assert_same_run(resumed_dir, reference_dir, first_resumed_step: int):
 def test_stop_at_max_steps_then_resume(uninterrupted, tmp_path, cache):
     first = run_train(TINY + OBSERVED + ["trainer.max_steps=4"], tmp_path / "first", cache)
     assert first.returncode == 0, first.stderr[-3000:]
-    resumed = run_train(
-        TINY + OBSERVED + [f"trainer.max_steps={STEPS}", f"ckpt_path={tmp_path / 'first/checkpoints/last.ckpt'}"],
-        tmp_path / "resumed",
-        cache,
-    )
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    resume(tmp_path / "first/checkpoints/last.ckpt", tmp_path / "resumed", cache)
     assert_same_run(tmp_path / "resumed", uninterrupted, first_resumed_step=5)
 
 
@@ -68,10 +69,5 @@ def test_sigterm_saves_mid_accumulation_and_resumes_exactly(uninterrupted, tmp_p
     assert process.wait(timeout=120) == 0, output[-3000:]
     assert "SIGTERM: saved" in output and "at step 3" in output
 
-    resumed = run_train(
-        TINY + OBSERVED + [f"trainer.max_steps={STEPS}", f"ckpt_path={tmp_path / 'killed/checkpoints/last.ckpt'}"],
-        tmp_path / "resumed",
-        cache,
-    )
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    resume(tmp_path / "killed/checkpoints/last.ckpt", tmp_path / "resumed", cache)
     assert_same_run(tmp_path / "resumed", uninterrupted, first_resumed_step=4)

@@ -1,9 +1,16 @@
 """train.py as a user runs it: bad configs fail fast and clearly; W&B works offline."""
 
-import pytest
+import subprocess
+import sys
 
+import pytest
+import torch
+
+from launch.builders import build_module
 from launch.config_checks import ConfigError, check_config
-from tests.run_helpers import TINY, compose_config, run_train
+from lightning_modules.hf_interop import load_lightning_checkpoint
+from lightning_modules.llama import Llama
+from tests.run_helpers import REPO, TINY, compose_config, run_train
 
 
 @pytest.mark.parametrize(
@@ -48,3 +55,28 @@ def test_end_to_end_run_writes_an_offline_wandb_run(tmp_path):
     assert len(runs) == 1, list(run_dir.rglob("*"))[:20]
     assert list(runs[0].glob("*.wandb")), "the offline run holds no W&B data file"
     assert (run_dir / "checkpoints" / "last.ckpt").exists()
+
+
+def test_trained_checkpoint_exports_to_hf_and_seeds_a_new_run(tmp_path):
+    """train -> scripts/export_hf.py -> transformers loads it with our logits -> init_from_hf."""
+    transformers = pytest.importorskip("transformers")
+    run_dir, export_dir = tmp_path / "run", tmp_path / "hf"
+    result = run_train(TINY + ["logger=none", "trainer.max_steps=2"], run_dir, tmp_path / "cache")
+    assert result.returncode == 0, result.stderr[-3000:]
+    checkpoint = run_dir / "checkpoints" / "last.ckpt"
+    export = [sys.executable, str(REPO / "scripts/export_hf.py"), str(checkpoint), str(export_dir)]
+    assert subprocess.run(export, capture_output=True, text=True).returncode == 0
+
+    config, state_dict = load_lightning_checkpoint(checkpoint)
+    trained = Llama(config).eval()
+    trained.load_state_dict(state_dict)
+    hf = transformers.LlamaForCausalLM.from_pretrained(export_dir, attn_implementation="eager").eval()
+    tokens = torch.randint(0, config.vocab_size, (2, 16))
+    with torch.no_grad():
+        assert (hf(input_ids=tokens).logits - trained(tokens)).abs().max() < 1e-4
+
+    cfg = compose_config(TINY + [f"init_from_hf={export_dir}"], tmp_path / "seeded")
+    module = build_module(cfg, check_config(cfg), vocab_size=257)
+    module.configure_model()
+    for name, value in module.model.state_dict().items():
+        assert torch.equal(value, state_dict[name]), name
