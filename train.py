@@ -33,7 +33,13 @@ def train(cfg: DictConfig) -> dict[str, float]:
         log.info("stopped by SIGTERM after saving a checkpoint")
     finally:
         close_loggers(loggers)
-    return {key: float(value) for key, value in trainer.callback_metrics.items()}
+    metrics = {key: float(value) for key, value in trainer.callback_metrics.items()}
+    if trainer.is_global_zero and "val/loss" in metrics:
+        log.info(
+            "finished at step %d after %d tokens: val/loss %.4f (nats per token); outputs in %s",
+            module.clock.steps, module.clock.tokens, metrics["val/loss"], trainer.default_root_dir,
+        )
+    return metrics
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="train")

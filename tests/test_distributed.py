@@ -8,6 +8,7 @@ weights must agree up to float reduction-order noise.
 import pytest
 import torch
 
+from lightning_modules.hf_interop import load_lightning_checkpoint
 from tests.run_helpers import TINY, checkpoint_weights, run_train
 
 STEPS = ["trainer.max_steps=4", "logger=none", "callbacks.validation_schedule.every_n_steps=100"]
@@ -38,3 +39,21 @@ def test_two_processes_match_one(strategy, single_process_weights, tmp_path, tmp
     assert weights.keys() == single_process_weights.keys()
     for name, value in single_process_weights.items():
         torch.testing.assert_close(weights[name], value, rtol=1e-4, atol=2e-5, msg=name)
+
+
+def test_fsdp2_sharded_checkpoint_resumes_exactly(tmp_path, tmp_path_factory):
+    """Each rank writes its shard; resuming from step 2 of 4 ends on the same weights."""
+    cache = tmp_path_factory.getbasetemp() / "cache"
+    fsdp2 = TINY + STEPS + ["strategy=fsdp2", "trainer.devices=2", "trainer.accelerator=cpu",
+                            "callbacks.model_checkpoint.every_n_train_steps=2"]
+    full = run_train(fsdp2, tmp_path / "full", cache)
+    assert full.returncode == 0, full.stderr[-3000:]
+    resumed = run_train(
+        fsdp2 + [f"ckpt_path={tmp_path / 'full/checkpoints/step000002.ckpt'}"], tmp_path / "resumed", cache
+    )
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    _, expected = load_lightning_checkpoint(tmp_path / "full/checkpoints/last.ckpt")
+    _, weights = load_lightning_checkpoint(tmp_path / "resumed/checkpoints/last.ckpt")
+    assert (tmp_path / "resumed/checkpoints/last.ckpt").is_dir()  # sharded: a folder
+    for name, value in expected.items():
+        assert torch.equal(weights[name], value), name
