@@ -24,7 +24,7 @@ from lightning_modules.global_batch import BatchConfig, GlobalBatch
 from lightning_modules.llama import Llama, LlamaConfig
 from lightning_modules.lr_schedule import LRScheduleConfig, learning_rate
 from lightning_modules.optim import OptimizerConfig, build_optimizer
-from lightning_modules.parallelism import LayoutConfig, apply_layout, clip_grad_norm
+from lightning_modules.parallelism import LayoutConfig, apply_layout, attention_backend, clip_grad_norm
 
 PROGRESS_BAR_KEYS = ("train/loss", "train/tokens_seen", "perf/tokens_per_sec")
 
@@ -78,7 +78,7 @@ class LlamaLightningModule(L.LightningModule):
         self._micro_index = 0  # micro-batch within the current optimizer step
         self._step_loss = torch.zeros(())
         self._step_tokens = 0
-        self._trained_seq_len = 0
+        self.trained_seq_len = 0  # sequence length of the last micro-batch trained on
         self.step_metrics: dict[str, float] = {}  # this step's metrics; callbacks may add to it
 
     # ---------------------------------------------------------------- model building
@@ -124,7 +124,8 @@ class LlamaLightningModule(L.LightningModule):
 
     def loss(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         """Mean next-token cross-entropy in fp32 over the batch's labelled tokens."""
-        logits = self.model(batch["input_ids"], batch.get("position_ids"))
+        with attention_backend(self.layout.attention_backend):
+            logits = self.model(batch["input_ids"], batch.get("position_ids"))
         return F.cross_entropy(logits.float().flatten(0, 1), batch["labels"].flatten())
 
     def _fit_seq_len(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -156,7 +157,7 @@ class LlamaLightningModule(L.LightningModule):
         self.manual_backward(loss / self.global_batch.accumulation)
         self._step_loss = self._step_loss.to(loss.device) + loss.detach()
         self._step_tokens += batch["labels"].numel()
-        self._trained_seq_len = batch["labels"].shape[1]
+        self.trained_seq_len = batch["labels"].shape[1]
         self._micro_index += 1
         if self._micro_index == self.global_batch.accumulation:
             self._optimizer_step()
@@ -189,7 +190,7 @@ class LlamaLightningModule(L.LightningModule):
                 "train/sequences_seen": self.clock.sequences,
                 "train/lr": lr,
                 "train/global_batch_size": self.global_batch.size,
-                "train/seq_len": self._trained_seq_len,
+                "train/seq_len": self.trained_seq_len,
                 "train/grad_norm": grad_norm.item(),
             }
         )

@@ -6,13 +6,21 @@ Order matters and follows torchtitan: checkpointing wraps blocks first, compile 
 compiles each block, and FSDP2 shards each (wrapped, compiled) block and then the root.
 """
 
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 
 import torch
 from torch import nn
+from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
 
 ACTIVATION_CHECKPOINTING = ("none", "full", "mlp")
+ATTENTION_BACKENDS = {
+    "flash": SDPBackend.FLASH_ATTENTION,
+    "efficient": SDPBackend.EFFICIENT_ATTENTION,
+    "cudnn": SDPBackend.CUDNN_ATTENTION,
+    "math": SDPBackend.MATH,
+}
 
 
 @dataclass
@@ -27,11 +35,15 @@ class LayoutConfig:
     - ``reshard_after_forward``: FSDP2 only. True frees gathered parameters after forward
       (ZeRO-3 style); False keeps them until backward (ZeRO-2 style: more memory, one
       all-gather less per step).
+    - ``attention_backend``: ``auto`` lets PyTorch pick the fastest SDPA kernel
+      (FlashAttention on recent GPUs in bf16); ``flash``, ``efficient``, ``cudnn`` or
+      ``math`` force one, and fail loudly where it cannot run.
     """
 
     activation_checkpointing: str = "none"
     compile: bool = False
     reshard_after_forward: bool = True
+    attention_backend: str = "auto"
 
     def __post_init__(self) -> None:
         if self.activation_checkpointing not in ACTIVATION_CHECKPOINTING:
@@ -39,6 +51,16 @@ class LayoutConfig:
                 f"layout.activation_checkpointing={self.activation_checkpointing!r} is unknown;"
                 f" choose one of {ACTIVATION_CHECKPOINTING}."
             )
+        if self.attention_backend != "auto" and self.attention_backend not in ATTENTION_BACKENDS:
+            raise ValueError(
+                f"layout.attention_backend={self.attention_backend!r} is unknown;"
+                f" choose auto or one of {tuple(ATTENTION_BACKENDS)}."
+            )
+
+
+def attention_backend(name: str) -> AbstractContextManager:
+    """A context in which SDPA uses only the named kernel (``auto``: PyTorch chooses)."""
+    return nullcontext() if name == "auto" else sdpa_kernel([ATTENTION_BACKENDS[name]])
 
 
 def apply_activation_checkpointing(model: nn.Module, mode: str) -> None:

@@ -19,7 +19,7 @@ class CaptureGradients(L.Callback):
             self.grads = {n: p.grad.detach().clone() for n, p in pl_module.model.named_parameters()}
 
 
-def one_step(tmp_path, micro: int, global_batch: int):
+def one_step(tmp_path, micro: int, global_batch: int, train_seq_len: int | None = None):
     cfg = compose_config(
         TINY + [f"batch.micro_batch_size={micro}", f"batch.global_batch_size={global_batch}",
                 "optimizer.grad_clip=null", "trainer.max_steps=1", "logger=none", "callbacks=none"],
@@ -32,6 +32,7 @@ def one_step(tmp_path, micro: int, global_batch: int):
     trainer = build_trainer(cfg, loggers=[])
     trainer.callbacks.append(capture)
     module.configure_model()
+    module.train_seq_len = train_seq_len
     initial = copy.deepcopy(module.model)
     trainer.fit(module, datamodule=datamodule)
     return capture.grads, initial, cfg, module
@@ -51,3 +52,17 @@ def test_eight_accumulated_micro_batches_equal_one_batch_of_eight(tmp_path):
     for name, param in initial.named_parameters():
         torch.testing.assert_close(grads_big[name], param.grad, rtol=0, atol=1e-6)
         torch.testing.assert_close(grads_acc[name], param.grad, rtol=0, atol=1e-6)
+
+
+def test_truncated_sequences_count_only_the_tokens_trained_on(tmp_path):
+    grads, initial, cfg, module = one_step(tmp_path, micro=4, global_batch=8, train_seq_len=12)
+    assert module.clock.tokens == 8 * 12 and module.clock.sequences == 8
+    datamodule = build_datamodule(cfg)
+    datamodule.setup("fit")
+    loader = iter(datamodule.train_dataloader())
+    for batch in (next(loader), next(loader)):  # the step's two micro-batches, cut to 12 tokens
+        logits = initial(batch["input_ids"][:, :12])
+        loss = F.cross_entropy(logits.flatten(0, 1), batch["labels"][:, :12].flatten())
+        (loss / 2).backward()
+    for name, param in initial.named_parameters():
+        torch.testing.assert_close(grads[name], param.grad, rtol=0, atol=1e-6)

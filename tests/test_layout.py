@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from lightning_modules.llama import Llama, LlamaConfig
-from lightning_modules.parallelism import LayoutConfig, apply_layout
+from lightning_modules.parallelism import LayoutConfig, apply_layout, attention_backend
 
 CONFIG = LlamaConfig(vocab_size=64, n_layers=2, d_model=32, n_heads=4, n_kv_heads=2, mlp_hidden=64)
 
@@ -39,3 +39,15 @@ def test_activation_checkpointing_recomputes_the_same_gradients(mode):
 def test_unknown_checkpointing_mode_is_rejected():
     with pytest.raises(ValueError, match="layout.activation_checkpointing='selective'"):
         LayoutConfig(activation_checkpointing="selective")
+
+
+@pytest.mark.parametrize("backend", ["math", "flash"])
+def test_forced_attention_backend_gives_the_same_logits(backend):
+    torch.manual_seed(0)
+    model = Llama(CONFIG)
+    tokens = torch.randint(0, 64, (2, 16))
+    with torch.no_grad():
+        reference = model(tokens)
+        with attention_backend(backend):
+            forced = model(tokens)
+    torch.testing.assert_close(forced, reference, rtol=1e-5, atol=1e-5)

@@ -1,5 +1,6 @@
 """train.py as a user runs it: bad configs fail fast and clearly; W&B works offline."""
 
+import csv
 import subprocess
 import sys
 
@@ -45,16 +46,23 @@ def test_unknown_top_level_key_is_rejected_by_hydra(tmp_path):
     assert "Could not override 'optimiser.lr'" in result.stderr
 
 
-def test_end_to_end_run_writes_an_offline_wandb_run(tmp_path):
-    run_dir = tmp_path / "run"
-    result = run_train(
-        TINY + ["logger=wandb", "trainer.max_steps=3", "+experiment=baseline"], run_dir, tmp_path / "cache"
-    )
+def test_end_to_end_run_writes_an_offline_wandb_run_and_consistent_mfu(tmp_path):
+    run_dir, peak = tmp_path / "run", 1e11
+    overrides = ["logger=[wandb,csv]", "trainer.max_steps=6", "+experiment=baseline",
+                 f"callbacks.throughput.peak_flops_per_device={peak}", "callbacks.throughput.warmup_steps=1"]  # fmt: skip
+    result = run_train(TINY + overrides, run_dir, tmp_path / "cache")
     assert result.returncode == 0, result.stderr[-3000:]
     runs = list((run_dir / "wandb").glob("offline-run-*"))
     assert len(runs) == 1, list(run_dir.rglob("*"))[:20]
     assert list(runs[0].glob("*.wandb")), "the offline run holds no W&B data file"
     assert (run_dir / "checkpoints" / "last.ckpt").exists()
+
+    with open(run_dir / "csv" / "metrics.csv") as file:
+        rows = [row for row in csv.DictReader(file) if row.get("perf/mfu")]
+    assert len(rows) >= 3
+    for row in rows:  # MFU = tokens/s per device x FLOPs per token / peak, from the logged numbers
+        expected = float(row["perf/tokens_per_sec_per_device"]) * float(row["perf/model_flops_per_token"]) / peak
+        assert float(row["perf/mfu"]) == pytest.approx(expected, rel=1e-6)
 
 
 def test_trained_checkpoint_exports_to_hf_and_seeds_a_new_run(tmp_path):

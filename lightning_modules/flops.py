@@ -1,0 +1,77 @@
+"""Model FLOPs per token and the peak throughput of devices, for MFU and HFU.
+
+Model FLOPs per token follow the PaLM convention (Chowdhery et al. 2022, appendix B):
+
+    F = 6 N + 12 L H Q T
+
+N: parameters that take part in matrix multiplies, L layers, H query heads, Q head
+dimension, T the sequence length trained on now. 6N is forward (2N) plus backward (4N)
+of every weight matmul; 12 L H Q T is the attention scores and weighted sum (QK^T and
+AV), forward and backward, with no discount for causal masking. By default N leaves out
+the input embedding table, because a lookup multiplies nothing; the output head (tied
+or not) is a matmul and counts. ``include_embedding=True`` adds the table, as some
+papers do.
+
+HFU (hardware FLOPs utilisation) also counts work that activation checkpointing
+recomputes: one more forward of every checkpointed block (``full``) or MLP (``mlp``).
+"""
+
+from lightning_modules.llama import LlamaConfig, count_parameters
+
+# Dense bf16 peak FLOP/s per device (no structured sparsity), from the vendors' data sheets.
+PEAK_FLOPS: dict[str, float] = {
+    "H200": 989e12,
+    "H100 SXM": 989e12,
+    "H100 PCIe": 756e12,
+    "H100 NVL": 835e12,
+    "A100": 312e12,
+    "A10G": 125e12,
+    "L4": 121e12,
+}
+
+
+def _block_parameters(config: LlamaConfig) -> tuple[int, int]:
+    """Parameters of one block's attention projections and of its MLP."""
+    kv_dim = config.n_kv_heads * config.head_dim
+    attention = 2 * config.d_model * config.d_model + 2 * config.d_model * kv_dim
+    mlp = 3 * config.d_model * config.mlp_hidden
+    return attention, mlp
+
+
+def matmul_parameters(config: LlamaConfig, include_embedding: bool = False) -> int:
+    """N of the formula: the model's parameters less its RMSNorm gains (and input table)."""
+    norm_gains = (2 * config.n_layers + 1) * config.d_model
+    return count_parameters(config, include_embedding=include_embedding) - norm_gains
+
+
+def attention_flops_per_token(config: LlamaConfig, seq_len: int) -> int:
+    """12 L H Q T: attention scores and values, forward and backward."""
+    return 12 * config.n_layers * config.n_heads * config.head_dim * seq_len
+
+
+def model_flops_per_token(config: LlamaConfig, seq_len: int, include_embedding: bool = False) -> int:
+    """F = 6 N + 12 L H Q T."""
+    return 6 * matmul_parameters(config, include_embedding) + attention_flops_per_token(config, seq_len)
+
+
+def recomputed_flops_per_token(config: LlamaConfig, seq_len: int, activation_checkpointing: str) -> int:
+    """Forward FLOPs that activation checkpointing runs a second time, per token."""
+    attention, mlp = _block_parameters(config)
+    if activation_checkpointing == "full":
+        return config.n_layers * 2 * (attention + mlp) + attention_flops_per_token(config, seq_len) // 3
+    if activation_checkpointing == "mlp":
+        return config.n_layers * 2 * mlp
+    return 0
+
+
+def peak_flops(device_name: str) -> float | None:
+    """Peak bf16 FLOP/s for a CUDA device name such as 'NVIDIA H100 80GB HBM3', or None."""
+    name = device_name.upper()
+    if "H100" in name:
+        if "PCIE" in name:
+            return PEAK_FLOPS["H100 PCIe"]
+        return PEAK_FLOPS["H100 NVL"] if "NVL" in name else PEAK_FLOPS["H100 SXM"]
+    for key, value in PEAK_FLOPS.items():
+        if key.upper() in name:
+            return value
+    return None
