@@ -13,7 +13,14 @@ import lightning as L
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from omegaconf import DictConfig
 
-from launch.builders import build_datamodule, build_loggers, build_module, build_trainer, close_loggers
+from launch.builders import (
+    build_callbacks,
+    build_datamodule,
+    build_loggers,
+    build_module,
+    build_trainer,
+    close_loggers,
+)
 from launch.config_checks import ConfigError, check_config
 
 log = logging.getLogger(__name__)
@@ -25,8 +32,9 @@ def train(cfg: DictConfig) -> dict[str, float]:
     L.seed_everything(cfg.seed, workers=True, verbose=False)
     datamodule = build_datamodule(cfg)
     module = build_module(cfg, settings, datamodule.vocab_size)
+    callbacks = build_callbacks(cfg)
     loggers = build_loggers(cfg)
-    trainer = build_trainer(cfg, loggers)
+    trainer = build_trainer(cfg, loggers, callbacks)
     try:
         trainer.fit(module, datamodule=datamodule, ckpt_path=cfg.get("ckpt_path"))
     except SIGTERMException:

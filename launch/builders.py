@@ -4,6 +4,7 @@ from pathlib import Path
 
 import lightning as L
 from hydra.core.hydra_config import HydraConfig
+from hydra.errors import InstantiationException
 from hydra.types import RunMode
 from hydra.utils import instantiate
 from lightning.fabric.utilities.rank_zero import rank_zero_only
@@ -11,7 +12,7 @@ from lightning.pytorch.loggers import Logger, WandbLogger
 from lightning.pytorch.strategies import Strategy
 from omegaconf import DictConfig, OmegaConf
 
-from launch.config_checks import RunSettings, check_vocab, world_size
+from launch.config_checks import ConfigError, RunSettings, check_vocab, world_size
 from lightning_modules.hf_interop import load_hf_pretrained
 from lightning_modules.llama_module import LlamaLightningModule
 
@@ -86,6 +87,19 @@ def build_strategy(cfg: DictConfig) -> Strategy | str:
     return instantiate(cfg.strategy)
 
 
-def build_trainer(cfg: DictConfig, loggers: list[Logger]) -> L.Trainer:
-    callbacks = [instantiate(node) for node in (cfg.get("callbacks") or {}).values()]
+def build_callbacks(cfg: DictConfig) -> list[L.Callback]:
+    """The ``callbacks`` group; a callback that rejects its settings becomes a ConfigError."""
+    callbacks = []
+    for name, node in (cfg.get("callbacks") or {}).items():
+        try:
+            callbacks.append(instantiate(node))
+        except InstantiationException as error:
+            cause = error.__cause__
+            if isinstance(cause, ValueError):
+                raise ConfigError(str(cause)) from error
+            raise ConfigError(f"callbacks.{name}: {error}") from error
+    return callbacks
+
+
+def build_trainer(cfg: DictConfig, loggers: list[Logger], callbacks: list[L.Callback]) -> L.Trainer:
     return instantiate(cfg.trainer, callbacks=callbacks, logger=loggers or False, strategy=build_strategy(cfg))

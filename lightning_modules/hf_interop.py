@@ -279,10 +279,11 @@ def _model_state_dict(lightning_state_dict: Mapping[str, torch.Tensor], path: Pa
 
 
 def _load_distributed_checkpoint(folder: Path) -> dict[str, Any]:
-    """Read a ``torch.distributed.checkpoint`` folder written by Lightning's ModelParallelStrategy:
-    sharded tensors under ``state_dict`` / ``optimizer_*``, other entries in ``meta.pt``.
+    """Read a ``torch.distributed.checkpoint`` folder written by Lightning's sharded strategies:
+    ModelParallelStrategy (FSDP2) keeps the weights under ``state_dict``, FSDPStrategy (FSDP1)
+    under ``model``; optimizer states and the rest sit beside them, other entries in ``meta.pt``.
 
-    Only the ``state_dict.model.*`` tensors are loaded (resharded into whole tensors), so the
+    Only the ``<top>.model.*`` tensors are loaded (resharded into whole tensors), so the
     optimizer states, often twice the model's size, are never read.
     """
     from torch.distributed.checkpoint import FileSystemReader, load
@@ -292,14 +293,15 @@ def _load_distributed_checkpoint(folder: Path) -> dict[str, Any]:
         raise FileNotFoundError(f"{folder} is a directory but not a distributed checkpoint (no .metadata file).")
     reader = FileSystemReader(folder)
     saved = reader.read_metadata().state_dict_metadata
+    top = "state_dict" if any(key.startswith("state_dict.model.") for key in saved) else "model"
     weights = {
-        key.removeprefix("state_dict."): torch.empty(meta.size, dtype=meta.properties.dtype)
+        key.removeprefix(f"{top}."): torch.empty(meta.size, dtype=meta.properties.dtype)
         for key, meta in saved.items()
-        if key.startswith("state_dict.model.") and isinstance(meta, TensorStorageMetadata)
+        if key.startswith(f"{top}.model.") and isinstance(meta, TensorStorageMetadata)
     }
     with warnings.catch_warnings():  # loading in one process is the intent here, not a fallback
         warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-        load({"state_dict": weights}, storage_reader=reader, no_dist=True)
+        load({top: weights}, storage_reader=reader, no_dist=True)
     meta_file = folder / "meta.pt"
     checkpoint = torch.load(meta_file, map_location="cpu", weights_only=False) if meta_file.is_file() else {}
     checkpoint["state_dict"] = weights

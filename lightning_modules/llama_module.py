@@ -17,6 +17,8 @@ from typing import Any
 import lightning as L
 import torch
 import torch.nn.functional as F
+from lightning.pytorch.strategies import FSDPStrategy
+from torch.distributed.fsdp.wrap import wrap
 from torch.nn.parallel import DistributedDataParallel
 
 from lightning_modules.clock import TrainingClock
@@ -75,6 +77,8 @@ class LlamaLightningModule(L.LightningModule):
         self.clock = TrainingClock()
         self.global_batch = GlobalBatch(batch)
         self.train_seq_len: int | None = None  # None: train on the full packed length
+        self.seq_len_mode = "truncate"  # how rows are cut to train_seq_len: truncate | reshape
+        self.seq_len_varies = False  # set by techniques that change the length during training
         self._micro_index = 0  # micro-batch within the current optimizer step
         self._step_loss = torch.zeros(())
         self._step_tokens = 0
@@ -90,7 +94,12 @@ class LlamaLightningModule(L.LightningModule):
         if self._init_state_dict is not None:
             self.model.load_state_dict(self._init_state_dict)
             self._init_state_dict = None
-        apply_layout(self.model, self.layout, mesh=self._data_parallel_mesh())
+        apply_layout(self.model, self.layout, mesh=self._data_parallel_mesh(), dynamic_seq_len=self.seq_len_varies)
+        if self._trainer is not None and isinstance(self.trainer.strategy, FSDPStrategy):
+            # Wrap the model itself (with the strategy's settings, which Lightning puts in
+            # effect around configure_model) so Lightning does not wrap this module: its
+            # training_step runs backward, which FSDP1 forbids inside a root forward.
+            self.model = wrap(self.model)
 
     def _data_parallel_mesh(self):
         """The FSDP2 mesh under ModelParallelStrategy, else None (no sharding here)."""
@@ -129,10 +138,28 @@ class LlamaLightningModule(L.LightningModule):
         return F.cross_entropy(logits.float().flatten(0, 1), batch["labels"].flatten())
 
     def _fit_seq_len(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """Truncate every tensor of the batch to the current training sequence length."""
-        if self.train_seq_len is None or self.train_seq_len >= batch["input_ids"].shape[1]:
+        """Cut the batch's rows to the current training sequence length d.
+
+        ``truncate`` keeps the first d tokens of each row. ``reshape`` splits each row of
+        length L into L // d rows of d tokens (the last L % d tokens are dropped), so tokens
+        per step stay nearly constant; with no position ids, positions restart in each row.
+        """
+        length = batch["input_ids"].shape[1]
+        if self.train_seq_len is None or self.train_seq_len >= length:
             return batch
-        return {key: value[:, : self.train_seq_len] for key, value in batch.items()}
+        d = self.train_seq_len
+        if self.seq_len_mode == "truncate":
+            return {key: value[:, :d] for key, value in batch.items()}
+        keep = length // d * d
+        return {key: value[:, :keep].reshape(-1, d) for key, value in batch.items() if key != "position_ids"}
+
+    def preallocate(self, seq_len: int) -> None:
+        """One forward/backward at full length, so the allocator reserves full-size blocks
+        first and shorter-then-longer sequences do not fragment memory. Changes nothing else."""
+        tokens = torch.zeros(self.batch_config.micro_batch_size, seq_len, dtype=torch.long, device=self.device)
+        with self.trainer.precision_plugin.forward_context():
+            self.model(tokens).float().mean().backward()
+        self.model.zero_grad(set_to_none=True)
 
     # ---------------------------------------------------------------- training
     @property
@@ -171,7 +198,7 @@ class LlamaLightningModule(L.LightningModule):
         for group in optimizer.param_groups:
             group["lr"] = lr
         max_norm = self.optimizer_config.grad_clip or math.inf
-        grad_norm = clip_grad_norm(self.model, self.trainer.strategy.model, max_norm)
+        grad_norm = clip_grad_norm(self.model, max_norm)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
 

@@ -1,15 +1,18 @@
-"""AdamW with decoupled weight decay on matrices only.
+"""AdamW with decoupled weight decay on the weight matrices only.
 
-Weight decay applies to every parameter with two or more dimensions (the attention and
-MLP projections, the input embedding and the output head); RMSNorm gains (1-D) are not
-decayed, because shrinking a per-channel scale towards zero only fights the
-normalisation. Tied embeddings appear once.
+Weight decay applies to every weight matrix (the attention and MLP projections, the
+input embedding and the output head); RMSNorm gains are not decayed, because shrinking
+a per-channel scale towards zero only fights the normalisation. Parameters are told
+apart by the module that owns them, not by their shape: FSDP1 (``use_orig_params``)
+turns every parameter into a 1-D piece of its flat shard. Tied embeddings appear once.
 """
 
 from dataclasses import dataclass, field
 
 import torch
 from torch import nn
+
+from lightning_modules.llama import RMSNorm
 
 
 @dataclass
@@ -32,11 +35,12 @@ class OptimizerConfig:
 
 
 def parameter_groups(model: nn.Module, weight_decay: float) -> list[dict]:
-    """Split trainable parameters into decayed (>= 2-D) and non-decayed groups."""
+    """Split trainable parameters into decayed (weight matrices) and non-decayed (norm gains)."""
+    gains = {id(p) for module in model.modules() if isinstance(module, RMSNorm) for p in module.parameters()}
     params = [p for p in model.parameters() if p.requires_grad]
     return [
-        {"params": [p for p in params if p.ndim >= 2], "weight_decay": weight_decay},
-        {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0},
+        {"params": [p for p in params if id(p) not in gains], "weight_decay": weight_decay},
+        {"params": [p for p in params if id(p) in gains], "weight_decay": 0.0},
     ]
 
 

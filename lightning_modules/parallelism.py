@@ -30,8 +30,8 @@ class LayoutConfig:
     - ``activation_checkpointing``: ``none``; ``full`` recomputes each transformer block in
       backward; ``mlp`` recomputes only the SwiGLU MLPs (their hidden activations are the
       largest per-token tensors, attention is kept).
-    - ``compile``: torch.compile each transformer block (sequence length marked dynamic so
-      changing lengths do not recompile).
+    - ``compile``: torch.compile each transformer block (with dynamic shapes when a
+      technique varies the sequence length, so lengths do not each recompile).
     - ``reshard_after_forward``: FSDP2 only. True frees gathered parameters after forward
       (ZeRO-3 style); False keeps them until backward (ZeRO-2 style: more memory, one
       all-gather less per step).
@@ -78,10 +78,14 @@ def apply_activation_checkpointing(model: nn.Module, mode: str) -> None:
             block.mlp = checkpoint_wrapper(block.mlp)
 
 
-def apply_compile(model: nn.Module) -> None:
-    """Compile each transformer block in place (parameter names are unchanged)."""
+def apply_compile(model: nn.Module, dynamic: bool) -> None:
+    """Compile each transformer block in place (parameter names are unchanged).
+
+    ``dynamic``: the sequence length (and, in reshape mode, the row count) changes during
+    training, so shapes are compiled as symbolic once instead of recompiling per length.
+    """
     for block in model.layers:
-        block.compile(dynamic=None)
+        block.compile(dynamic=True if dynamic else None)
 
 
 def apply_fsdp2(model: nn.Module, mesh, reshard_after_forward: bool) -> None:
@@ -93,16 +97,16 @@ def apply_fsdp2(model: nn.Module, mesh, reshard_after_forward: bool) -> None:
     fully_shard(model, mesh=mesh, reshard_after_forward=reshard_after_forward)
 
 
-def apply_layout(model: nn.Module, config: LayoutConfig, mesh=None) -> None:
+def apply_layout(model: nn.Module, config: LayoutConfig, mesh=None, dynamic_seq_len: bool = False) -> None:
     """Apply the configured layout; ``mesh`` is the data-parallel mesh when sharding."""
     apply_activation_checkpointing(model, config.activation_checkpointing)
     if config.compile:
-        apply_compile(model)
+        apply_compile(model, dynamic=dynamic_seq_len)
     if mesh is not None:
         apply_fsdp2(model, mesh, config.reshard_after_forward)
 
 
-def clip_grad_norm(model: nn.Module, wrapped: nn.Module | None, max_norm: float) -> torch.Tensor:
+def clip_grad_norm(model: nn.Module, max_norm: float) -> torch.Tensor:
     """Clip gradients to ``max_norm`` (inf: measure only) and return the global norm.
 
     The norm is over all parameters on all ranks: FSDP2 parameters are DTensors whose
@@ -111,7 +115,7 @@ def clip_grad_norm(model: nn.Module, wrapped: nn.Module | None, max_norm: float)
     """
     from torch.distributed.fsdp import FullyShardedDataParallel
 
-    if isinstance(wrapped, FullyShardedDataParallel):
-        return wrapped.clip_grad_norm_(max_norm)
+    if isinstance(model, FullyShardedDataParallel):
+        return model.clip_grad_norm_(max_norm)
     norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
     return norm.full_tensor() if hasattr(norm, "full_tensor") else norm

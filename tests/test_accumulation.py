@@ -6,7 +6,7 @@ import lightning as L
 import torch
 import torch.nn.functional as F
 
-from launch.builders import build_datamodule, build_module, build_trainer
+from launch.builders import build_callbacks, build_datamodule, build_module, build_trainer
 from launch.config_checks import check_config
 from tests.run_helpers import TINY, compose_config
 
@@ -29,7 +29,7 @@ def one_step(tmp_path, micro: int, global_batch: int, train_seq_len: int | None 
     datamodule = build_datamodule(cfg)
     module = build_module(cfg, check_config(cfg), datamodule.vocab_size)
     capture = CaptureGradients()
-    trainer = build_trainer(cfg, loggers=[])
+    trainer = build_trainer(cfg, loggers=[], callbacks=build_callbacks(cfg))
     trainer.callbacks.append(capture)
     module.configure_model()
     module.train_seq_len = train_seq_len

@@ -7,6 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from lightning_modules.llama import Llama, LlamaConfig
+from lightning_modules.optim import parameter_groups
 from lightning_modules.parallelism import LayoutConfig, apply_layout, attention_backend
 
 CONFIG = LlamaConfig(vocab_size=64, n_layers=2, d_model=32, n_heads=4, n_kv_heads=2, mlp_hidden=64)
@@ -51,3 +52,16 @@ def test_forced_attention_backend_gives_the_same_logits(backend):
         with attention_backend(backend):
             forced = model(tokens)
     torch.testing.assert_close(forced, reference, rtol=1e-5, atol=1e-5)
+
+
+def test_weight_decay_groups_do_not_depend_on_parameter_shapes():
+    """Norm gains are never decayed, every matrix is, also once FSDP1 flattens them to 1-D."""
+    model = Llama(CONFIG)
+    decayed, plain = parameter_groups(model, 0.1)
+    assert {id(p) for p in decayed["params"]} == {id(p) for p in model.parameters() if p.ndim == 2}
+    assert len(plain["params"]) == 2 * CONFIG.n_layers + 1
+    with torch.no_grad():  # what FSDP1's flat parameters look like to the optimizer
+        for param in model.parameters():
+            param.data = param.data.flatten()
+    decayed_flat, _ = parameter_groups(model, 0.1)
+    assert [id(p) for p in decayed_flat["params"]] == [id(p) for p in decayed["params"]]

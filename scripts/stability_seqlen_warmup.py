@@ -1,0 +1,118 @@
+"""Stability study: the baseline and sequence-length warmup at a large batch and LR.
+
+Li, Zhang, He (2022) trained GPT-2 with 8x the batch and 4x the learning rate to provoke
+instability, and showed that sequence-length warmup keeps such runs stable. This script
+trains both on the same data and budget, then prints a table (loss spikes, max Adam
+second moment, final validation loss, tokens, wall time) and writes a PNG of training
+loss and sequence length against tokens.
+
+    python scripts/stability_seqlen_warmup.py                      # tiny model on CPU
+    python scripts/stability_seqlen_warmup.py --tokens 5e8 -- model=diloco_90m trainer=gpu data=hub
+
+A loss spike is an optimizer step whose loss exceeds ``--spike-threshold`` times the
+lowest loss seen before it (``stability/loss_spike_ratio``).
+"""
+
+import argparse
+import csv
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def train(name: str, overrides: list[str], out: Path) -> tuple[list[dict[str, str]], float]:
+    """One train.py run; its CSV rows and wall time."""
+    run_dir = out / name
+    command = [sys.executable, str(REPO / "train.py"), f"hydra.run.dir={run_dir}", "logger=csv",
+               "trainer.log_every_n_steps=1", *overrides]  # fmt: skip
+    print(f"training {name}: {' '.join(overrides)}", file=sys.stderr, flush=True)
+    started = time.perf_counter()
+    result = subprocess.run(command, cwd=REPO, capture_output=True, text=True)
+    if result.returncode != 0:
+        raise SystemExit(f"{name} failed:\n{result.stderr[-3000:]}")
+    with open(run_dir / "csv" / "metrics.csv") as file:
+        return list(csv.DictReader(file)), time.perf_counter() - started
+
+
+def series(rows: list[dict[str, str]], key: str) -> tuple[list[float], list[float]]:
+    points = [(float(row["train/tokens_seen"]), float(row[key])) for row in rows if row.get(key)]
+    return [tokens for tokens, _ in points], [value for _, value in points]
+
+
+def summary(rows: list[dict[str, str]], seconds: float, threshold: float) -> dict[str, str]:
+    _, ratios = series(rows, "stability/loss_spike_ratio")
+    _, adam_max = series(rows, "stability/adam_v_max")
+    tokens, val = series(rows, "val/loss")
+    return {
+        "loss spikes": str(sum(ratio > threshold for ratio in ratios)),
+        "max loss ratio": f"{max(ratios):.3f}",
+        "max Adam v": f"{max(adam_max):.3g}",
+        "final val loss": f"{val[-1]:.4f}",
+        "tokens": f"{int(tokens[-1]):,}",
+        "wall time": f"{seconds:.0f} s",
+    }
+
+
+def plot(runs: dict[str, list[dict[str, str]]], path: Path) -> None:
+    figure, (loss_axis, length_axis) = plt.subplots(2, 1, sharex=True, figsize=(8, 7))
+    for name, rows in runs.items():
+        loss_axis.plot(*series(rows, "train/loss"), label=name, linewidth=1)
+        length_axis.plot(*series(rows, "train/seq_len"), label=name)
+    loss_axis.set(ylabel="training loss (nats/token)", title="Large batch and LR: baseline vs sequence-length warmup")
+    length_axis.set(xlabel="tokens seen", ylabel="training sequence length")
+    loss_axis.legend()
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--tokens", type=float, default=1.5e6, help="token budget of each run")
+    parser.add_argument("--batch", type=int, default=128, help="global batch (8x the default 16)")
+    parser.add_argument("--micro-batch", type=int, default=16)
+    parser.add_argument("--lr", type=float, default=1.6e-2, help="peak LR (4x the default 4e-3)")
+    parser.add_argument("--lr-warmup-steps", type=int, default=10)
+    parser.add_argument("--curriculum-steps", type=int, default=40, help="T: optimizer steps to full length")
+    parser.add_argument("--start-length", type=int, default=8)
+    parser.add_argument("--spike-threshold", type=float, default=1.1)
+    parser.add_argument("--out", type=Path, default=Path("outputs/stability_seqlen_warmup"))
+    parser.add_argument("overrides", nargs="*", help="train.py overrides shared by both runs (after --)")
+    args = parser.parse_args()
+
+    shared = [
+        f"token_budget={int(args.tokens)}",
+        f"batch.global_batch_size={args.batch}",
+        f"batch.micro_batch_size={args.micro_batch}",
+        f"optimizer.lr={args.lr}",
+        f"lr_schedule.warmup_steps={args.lr_warmup_steps}",
+        "callbacks.validation_schedule.every_n_steps=1000000",  # validate once, at the end
+        *args.overrides,
+    ]
+    warmup = [
+        "+experiment=seqlen_warmup",
+        f"callbacks.seq_len_warmup.total_curriculum_step={args.curriculum_steps}",
+        f"callbacks.seq_len_warmup.min_difficulty={args.start_length}",
+    ]
+    runs, rows = {}, []
+    for name, extra in (("baseline", []), ("seqlen warmup", warmup)):
+        runs[name], seconds = train(name.replace(" ", "_"), shared + extra, args.out)
+        rows.append({"run": name, **summary(runs[name], seconds, args.spike_threshold)})
+
+    columns = list(rows[0])
+    print(f"| {' | '.join(columns)} |\n|{'---|' * len(columns)}")
+    for row in rows:
+        print(f"| {' | '.join(row[column] for column in columns)} |")
+    plot(runs, args.out / "stability.png")
+    print(f"\nwrote {args.out / 'stability.png'}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
