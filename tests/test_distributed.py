@@ -57,3 +57,34 @@ def test_fsdp2_sharded_checkpoint_resumes_exactly(tmp_path, tmp_path_factory):
     assert (tmp_path / "resumed/checkpoints/last.ckpt").is_dir()  # sharded: a folder
     for name, value in expected.items():
         assert torch.equal(weights[name], value), name
+
+
+WARMUP = [
+    "+experiment=seqlen_warmup",
+    "callbacks.seq_len_warmup.total_curriculum_step=3",
+    "callbacks.seq_len_warmup.mode=reshape",
+]
+
+
+@pytest.fixture(scope="module")
+def single_process_warmup_weights(tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("single_warmup")
+    result = run_train(TINY + STEPS + WARMUP, run_dir, tmp_path_factory.getbasetemp() / "cache")
+    assert result.returncode == 0, result.stderr[-3000:]
+    return checkpoint_weights(run_dir / "checkpoints" / "last.ckpt")
+
+
+@pytest.mark.parametrize(
+    "strategy",
+    [["strategy=ddp"], ["strategy=fsdp2", "strategy.save_distributed_checkpoint=false"]],
+    ids=["ddp", "fsdp2"],
+)
+def test_sequence_length_warmup_under_two_processes_matches_one(
+    strategy, single_process_warmup_weights, tmp_path, tmp_path_factory
+):
+    overrides = TINY + STEPS + WARMUP + strategy + ["trainer.devices=2", "trainer.accelerator=cpu"]
+    result = run_train(overrides, tmp_path / "run", tmp_path_factory.getbasetemp() / "cache")
+    assert result.returncode == 0, result.stderr[-3000:]
+    weights = checkpoint_weights(tmp_path / "run" / "checkpoints" / "last.ckpt")
+    for name, value in single_process_warmup_weights.items():
+        torch.testing.assert_close(weights[name], value, rtol=1e-4, atol=2e-5, msg=name)

@@ -90,6 +90,9 @@ class RecordSteps(L.Callback):
     def __init__(self):
         self.rows = []  # (tokens before the step, lr, trained length)
 
+    def on_validation_batch_start(self, trainer, pl_module, batch, batch_idx, dataloader_idx=0):
+        assert batch["input_ids"].shape[1] == 32, "validation must run at the full packed length"
+
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
         if pl_module.at_step_boundary:
             metrics = pl_module.step_metrics
@@ -99,7 +102,7 @@ class RecordSteps(L.Callback):
 
 def fit(tmp_path, overrides: list[str]) -> tuple[LlamaLightningModule, list[tuple]]:
     cfg = compose_config(TINY + ["trainer.max_steps=6", "lr_schedule.warmup_steps=1", "logger=none",
-                                 "callbacks.validation_schedule.every_n_steps=100"] + overrides, tmp_path)  # fmt: skip
+                                 "callbacks.validation_schedule.every_n_steps=2"] + overrides, tmp_path)  # fmt: skip
     L.seed_everything(cfg.seed, verbose=False)
     datamodule = build_datamodule(cfg)
     module = build_module(cfg, check_config(cfg), datamodule.vocab_size)
