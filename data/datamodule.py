@@ -2,8 +2,9 @@
 
 Data flows source -> tokenizer -> token cache (two flat files) -> packed rows (a view)
 -> per-rank micro-batches. The only training state is one number, `rows_consumed`:
-the position in the global row order that every rank has reached. It is checkpointed
-through `state_dict`, so a resumed run reads exactly the rows it would have read.
+the position in the global row order that every rank has reached (under the training
+module, the clock's sequence count). It is checkpointed through `state_dict`, so a
+resumed run reads exactly the rows it would have read.
 """
 
 from __future__ import annotations
