@@ -22,6 +22,7 @@ from launch.builders import (
     close_loggers,
 )
 from launch.config_checks import ConfigError, check_config
+from lightning_modules.global_batch import BatchConfigError
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +55,7 @@ def train(cfg: DictConfig) -> dict[str, float]:
 def main(cfg: DictConfig) -> float | None:
     try:
         metrics = train(cfg)
-    except ConfigError as error:
+    except (ConfigError, BatchConfigError) as error:
         log.error("config error: %s", error)
         sys.exit(2)
     return metrics.get("val/loss")

@@ -9,18 +9,11 @@ adds to ``pl_module.step_metrics`` (the module logs them with the step's other m
   l2 norm and largest element of ``exp_avg_sq`` over all parameters, in fp32;
 - ``stability/loss_spike_ratio``: the step's loss over the lowest step loss so far (>= 1).
 
-Sharding is read from the state tensors themselves, so the numbers are those of the whole
-model under every strategy, and never a multiple of it:
-
-- FSDP2 (``ModelParallelStrategy`` + ``fully_shard``): states are DTensors. Each rank sums
-  its local shards; a SUM all-reduce of the packed (l1, squared l2) and a MAX all-reduce of
-  the max, over the mesh dimensions the tensors are sharded on (not the replicated ones of
-  a hybrid mesh), complete them. Only scalars travel.
-- Lightning's ``FSDPStrategy`` (FSDP1, GPUs only): states are plain tensors that hold this
-  rank's piece of flat parameters, so they are summed the same way over FSDP's sharding
-  group (the intra-node group under HYBRID_SHARD; nothing under NO_SHARD). The zero
-  padding of flat shards has zero gradient, hence zero second moment, and adds nothing.
-- DDP and one process: every rank holds the whole state; nothing is reduced.
+Sharding is read from the state tensors themselves (``lightning_modules/sharded_sums.py``),
+so the numbers are those of the whole model under every strategy: each rank sums its local
+pieces, then a SUM all-reduce of the packed (l1, squared l2) and a MAX all-reduce of the
+max complete them. Only scalars travel. The zero padding of FSDP1's flat shards has zero
+gradient, hence zero second moment, and adds nothing.
 """
 
 import math
@@ -29,11 +22,8 @@ from typing import Any
 import lightning as L
 import torch
 import torch.distributed as dist
-from lightning.pytorch.strategies import FSDPStrategy
-from torch.distributed.fsdp import FullyShardedDataParallel, ShardingStrategy
-from torch.distributed.tensor import DTensor
 
-Groups = tuple[dist.ProcessGroup, ...]
+from lightning_modules.sharded_sums import Groups, fsdp1_shard_groups, local, shard_groups
 
 
 class OptimizerStatistics(L.Callback):
@@ -75,22 +65,6 @@ class OptimizerStatistics(L.Callback):
         self._min_loss = state_dict["min_loss"]
 
 
-def fsdp1_shard_groups(trainer: L.Trainer) -> Groups:
-    """The group over which FSDP1 splits its flat parameters; empty for other strategies."""
-    if not isinstance(trainer.strategy, FSDPStrategy):
-        return ()
-    fsdp = next(m for m in trainer.strategy.model.modules() if isinstance(m, FullyShardedDataParallel))
-    return () if fsdp.sharding_strategy == ShardingStrategy.NO_SHARD else (fsdp.process_group,)
-
-
-def _sum_groups(state: torch.Tensor, plain_tensor_groups: Groups) -> Groups:
-    """Groups whose ranks hold disjoint pieces of this state: its totals are sums over them."""
-    if isinstance(state, DTensor):
-        mesh = state.device_mesh
-        return tuple(mesh.get_group(dim) for dim, placement in enumerate(state.placements) if placement.is_shard())
-    return plain_tensor_groups
-
-
 def second_moment_statistics(
     optimizer: torch.optim.Optimizer, plain_tensor_groups: Groups, device: torch.device
 ) -> dict[str, float]:
@@ -103,8 +77,7 @@ def second_moment_statistics(
     for state in optimizer.state.values():
         if "exp_avg_sq" in state:
             moment = state["exp_avg_sq"]
-            local = moment.to_local() if isinstance(moment, DTensor) else moment
-            by_groups.setdefault(_sum_groups(moment, plain_tensor_groups), []).append(local)
+            by_groups.setdefault(shard_groups(moment, plain_tensor_groups), []).append(local(moment))
     if not by_groups:
         return {}
     sums, peak = torch.zeros(2, device=device), torch.zeros((), device=device)

@@ -81,3 +81,10 @@ class GlobalBatch:
     def load_state_dict(self, state: dict) -> None:
         self.size, self._pending = state["size"], state["pending"]
         self._check(self.size)
+
+
+def check_single_controller(callbacks: list) -> None:
+    """Two callbacks setting the batch would overwrite each other's requests every step."""
+    controllers = [type(cb).__name__ for cb in callbacks if getattr(cb, "controls_global_batch", False)]
+    if len(controllers) > 1:
+        raise BatchConfigError(f"only one callback may set the global batch, but these all do: {', '.join(controllers)}.")

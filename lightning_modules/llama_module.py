@@ -84,6 +84,7 @@ class LlamaLightningModule(L.LightningModule):
         self._step_tokens = 0
         self.trained_seq_len = 0  # sequence length of the last micro-batch trained on
         self.step_metrics: dict[str, float] = {}  # this step's metrics; callbacks may add to it
+        self.log_this_step = False  # callbacks set it to log this step's metrics off the usual interval
 
     # ---------------------------------------------------------------- model building
     def configure_model(self) -> None:
@@ -167,6 +168,11 @@ class LlamaLightningModule(L.LightningModule):
         """True between optimizer steps (no gradients are partly accumulated)."""
         return self._micro_index == 0
 
+    @property
+    def micro_index(self) -> int:
+        """Index of the current micro-batch within its optimizer step (0 at a boundary)."""
+        return self._micro_index
+
     def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
         if self.at_step_boundary:
             self.global_batch.apply_pending()
@@ -226,8 +232,9 @@ class LlamaLightningModule(L.LightningModule):
         """Flush the metrics of a completed optimizer step (callbacks have added theirs by now)."""
         if not self.at_step_boundary:
             return
-        if self.clock.steps % self.trainer.log_every_n_steps == 0 or self.trainer.should_stop:
+        if self.clock.steps % self.trainer.log_every_n_steps == 0 or self.trainer.should_stop or self.log_this_step:
             self.log_metrics(self.step_metrics)
+        self.log_this_step = False
         metrics = {**self.step_metrics, "train/tokens_seen": self.clock.tokens}
         shown = {key: float(metrics[key]) for key in PROGRESS_BAR_KEYS if key in metrics}
         self.log_dict(shown, prog_bar=True, logger=False)

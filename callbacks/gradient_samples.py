@@ -1,0 +1,133 @@
+"""Gradient samples for the batch-size tests, gathered without extra gradient traffic.
+
+Two ways to split an optimizer step's gradient into samples (``samples=``):
+
+- ``micro_batch`` (one device, FSDP2, FSDP1): one sample per micro-step of the gradient
+  accumulation, i.e. micro-batch j of every data-parallel rank together; n = accumulation,
+  b_s = micro_batch_size x data-parallel ranks. Each micro-step's sample is the increment
+  of the (sharded) gradient across that micro-step, undoing the 1 / accumulation scale.
+  Costs one copy of this rank's gradient (shard) during tested steps.
+- ``rank`` (DDP): one sample per data-parallel rank, its local accumulated gradient, read
+  in a DDP communication hook just before the all-reduce DDP does anyway; n = ranks,
+  b_s = micro_batch_size x accumulation. Costs nothing for the norm test.
+
+The inner-product tests also need <g_j, g>, known only once the step's gradient g is
+complete. ``micro_batch`` then keeps every increment until the step ends (accumulation
+copies of the gradient shard); ``rank`` multiplies each DDP bucket by its all-reduced
+result as it arrives (no copy beyond the buckets in flight).
+
+All norms are fp32 per tensor, summed in fp64; only scalars are all-reduced.
+"""
+
+import torch
+import torch.distributed as dist
+from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+from torch.nn.parallel import DistributedDataParallel
+
+from callbacks.batch_size_tests import SampleSums
+from lightning_modules.sharded_sums import Groups, local, shard_groups, sum_over_shards
+
+
+def _squared_norms(tensors: list[torch.Tensor]) -> torch.Tensor:
+    if not tensors:
+        return torch.zeros((), dtype=torch.float64)
+    return torch.stack([torch.linalg.vector_norm(t, dtype=torch.float32) for t in tensors]).double().square().sum()
+
+
+def _dots(left: list[torch.Tensor], right: list[torch.Tensor]) -> torch.Tensor:
+    if not left:
+        return torch.zeros((), dtype=torch.float64)
+    return torch.stack([torch.vdot(a.float().flatten(), b.float().flatten()) for a, b in zip(left, right)]).double().sum()
+
+
+class MicroStepSamples:
+    """Samples from the increments of the (sharded) gradient across micro-steps."""
+
+    def __init__(self, parameters: list[torch.nn.Parameter], plain_tensor_groups: Groups, keep: bool) -> None:
+        # Parameters grouped by the ranks that hold pieces of them: the same keys on every rank.
+        self.by_groups: dict[Groups, list[torch.nn.Parameter]] = {}
+        for parameter in parameters:
+            self.by_groups.setdefault(shard_groups(parameter, plain_tensor_groups), []).append(parameter)
+        self.keep = keep
+
+    def start(self) -> None:
+        self._previous: dict[Groups, list[torch.Tensor]] = {}
+        self._sum_sq = {key: torch.zeros((), dtype=torch.float64) for key in self.by_groups}
+        self._kept: dict[Groups, list[list[torch.Tensor]]] = {key: [] for key in self.by_groups}
+
+    def _grads(self, key: Groups) -> list[torch.Tensor]:
+        return [local(p.grad) for p in self.by_groups[key] if p.grad is not None]
+
+    def add_micro_step(self, accumulation: int) -> None:
+        """Record the sample of the micro-step whose backward just finished."""
+        for key in self.by_groups:
+            grads = self._grads(key)
+            previous = self._previous.get(key)
+            if previous is None:
+                increments = [g.float() * accumulation for g in grads]
+            else:
+                increments = torch._foreach_sub([g.float() for g in grads], previous)
+                torch._foreach_mul_(increments, float(accumulation))
+            self._sum_sq[key] += _squared_norms(increments).cpu()
+            if self.keep:
+                self._kept[key].append(increments)
+            self._previous[key] = [g.detach().float().clone() for g in grads]
+
+    def finish(self, n: int, sample_size: int, device: torch.device) -> SampleSums:
+        """Complete the sums once the step's last backward is done (g = the final gradient)."""
+        partials = {}
+        for key in self.by_groups:
+            grads = [g.float() for g in self._grads(key)]
+            dots = [_dots(sample, grads).cpu() for sample in self._kept[key]]
+            partials[key] = torch.stack([self._sum_sq[key], _squared_norms(grads).cpu(), *dots]).to(device)
+        totals = sum_over_shards(partials).cpu()
+        self.start()
+        sums = SampleSums(n=n, sample_size=sample_size, sum_sq=totals[0].item(), g_sq=totals[1].item())
+        if self.keep:
+            dots = totals[2:]
+            sums.dot_sum, sums.dot_sq_sum = dots.sum().item(), dots.square().sum().item()
+        return sums
+
+
+class RankSamples:
+    """Samples from each DDP rank's local gradient, read in a communication hook."""
+
+    def __init__(self, ddp: DistributedDataParallel, keep: bool) -> None:
+        self.keep, self.active = keep, False
+        self.start()
+        ddp.register_comm_hook(None, self._hook)
+
+    def start(self) -> None:
+        self._sq = torch.zeros((), dtype=torch.float64)
+        self._dot = torch.zeros((), dtype=torch.float64)
+
+    def _hook(self, state: object, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+        """Runs on each gradient bucket of the step's last backward, before DDP averages it."""
+        if not self.active:
+            return allreduce_hook(None, bucket)
+        mine = bucket.buffer().float()
+        self._sq += _squared_norms([mine]).cpu()
+        if self.keep:
+            mine = mine.clone()  # the all-reduce works in place on the buffer
+        future = allreduce_hook(None, bucket)
+        if not self.keep:
+            return future
+
+        def add_dot(done: torch.futures.Future[torch.Tensor]) -> torch.Tensor:
+            average = done.value()
+            self._dot += _dots([mine], [average]).cpu()
+            return average
+
+        return future.then(add_dot)
+
+    def finish(self, parameters: list[torch.nn.Parameter], sample_size: int, device: torch.device) -> SampleSums:
+        """After the step's backward: the gradients now hold the average over ranks."""
+        g_sq = _squared_norms([p.grad for p in parameters if p.grad is not None]).item()
+        totals = torch.stack([self._sq, self._dot, self._dot.square()]).to(device)
+        dist.all_reduce(totals, op=dist.ReduceOp.SUM)
+        sq, dot_sum, dot_sq_sum = totals.cpu().tolist()
+        self.start()
+        sums = SampleSums(n=dist.get_world_size(), sample_size=sample_size, sum_sq=sq, g_sq=g_sq)
+        if self.keep:
+            sums.dot_sum, sums.dot_sq_sum = dot_sum, dot_sq_sum
+        return sums

@@ -1,0 +1,186 @@
+"""The adaptive batch-size statistics against a brute-force computation from per-sequence gradients.
+
+Reference: ``torch.func`` per-sequence gradients of the initial model on the step's 8
+sequences, grouped into the samples each strategy uses, and the formulas of DESIGN.md
+applied to them directly (sample means, deviations, projections) in float64.
+
+- one device, 4 micro-batches of 2: samples are micro-batches (positions 0-1, 2-3, ...);
+- 2-process FSDP2, 2 micro-steps of 2 per rank: samples are micro-steps over both ranks
+  (positions 0-3, 4-7), which is also one device with micro-batches of 4;
+- 2-process DDP, 2 micro-batches of 2 per rank: samples are ranks; rank r reads positions
+  2r, 2r+1 of each group of 4 (0, 1, 4, 5 and 2, 3, 6, 7).
+"""
+
+import copy
+import csv
+import math
+from pathlib import Path
+
+import lightning as L
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.func import functional_call, grad, vmap
+
+from callbacks.adaptive_batch import AdaptiveBatchSize
+from launch.builders import build_callbacks, build_datamodule, build_module, build_trainer
+from launch.config_checks import check_config
+from tests.run_helpers import TINY, checkpoint_weights, compose_config, run_train
+
+STATISTICS = {
+    "variance": "adaptive_bs/variance",
+    "g_sq": "adaptive_bs/grad_sq_norm",
+    "noise_scale": "adaptive_bs/noise_scale",
+    "inner_product": "adaptive_bs/inner_product_variance",
+    "orthogonal": "adaptive_bs/orthogonal_variance",
+}
+# Every statistic is logged by the augmented test; a huge eta/theta/nu keeps the batch at 8.
+ADAPTIVE = TINY + [
+    "+experiment=adaptive_bs",
+    "batch.global_batch_size=8",
+    "callbacks.adaptive_batch.test=augmented_inner_product",
+    "trainer.max_steps=1",
+]
+
+
+def per_sequence_gradients(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """[sequences, parameters]: the flattened gradient of each sequence's mean token loss."""
+    params = {name: p.detach() for name, p in model.named_parameters()}
+
+    def loss(p, input_ids, labels):
+        logits = functional_call(model, p, (input_ids[None],))
+        return F.cross_entropy(logits.float().flatten(0, 1), labels)
+
+    grads = vmap(grad(loss), in_dims=(None, 0, 0))(params, batch["input_ids"], batch["labels"])
+    return torch.cat([grads[name].flatten(1) for name in params], dim=1).double()
+
+
+def reference(per_sequence: torch.Tensor, samples: list[list[int]]) -> dict[str, float]:
+    """The statistics of DESIGN.md, from the sample gradients themselves."""
+    g_j = torch.stack([per_sequence[rows].mean(0) for rows in samples])
+    n, b_s = len(samples), len(samples[0])
+    g = g_j.mean(0)
+    variance = b_s * (g_j - g).square().sum() / (n - 1)
+    dots = g_j @ g
+    orthogonal = g_j - dots[:, None] / g.dot(g) * g
+    return {
+        "variance": variance.item(),
+        "g_sq": g.dot(g).item(),
+        "noise_scale": (variance / g.dot(g)).item(),
+        "inner_product": (b_s * dots.var(unbiased=True)).item(),
+        "orthogonal": (b_s * orthogonal.square().sum() / (n - 1)).item(),
+    }
+
+
+@pytest.fixture(scope="module")
+def one_device(tmp_path_factory):
+    """One training step on one device; the initial model, the step's 8 rows, the logged statistics."""
+    cfg = compose_config(ADAPTIVE + ["logger=none"], tmp_path_factory.mktemp("one_device"))
+    L.seed_everything(cfg.seed, verbose=False)
+    datamodule = build_datamodule(cfg)
+    module = build_module(cfg, check_config(cfg), datamodule.vocab_size)
+    callbacks = build_callbacks(cfg)
+    trainer = build_trainer(cfg, loggers=[], callbacks=callbacks)
+    module.configure_model()
+    initial = copy.deepcopy(module.model)
+    trainer.fit(module, datamodule=datamodule)
+    adaptive = next(cb for cb in callbacks if isinstance(cb, AdaptiveBatchSize))
+
+    fresh = build_datamodule(cfg)
+    fresh.setup("fit")
+    loader = iter(fresh.train_dataloader())
+    micro_batches = [next(loader) for _ in range(4)]
+    rows = {key: torch.cat([mb[key] for mb in micro_batches]) for key in ("input_ids", "labels")}
+    return per_sequence_gradients(initial, rows), {name: adaptive.last[key] for name, key in STATISTICS.items()}
+
+
+def assert_matches(actual: dict[str, float], expected: dict[str, float]) -> None:
+    for name, value in expected.items():
+        assert actual[name] == pytest.approx(value, rel=1e-4), name
+
+
+def test_one_device_micro_batches_match_brute_force(one_device):
+    per_sequence, logged = one_device
+    assert_matches(logged, reference(per_sequence, [[0, 1], [2, 3], [4, 5], [6, 7]]))
+
+
+def logged_statistics(run_dir: Path, step: int = 1) -> dict[str, float]:
+    with open(run_dir / "csv" / "metrics.csv") as file:
+        row = next(r for r in csv.DictReader(file) if r.get(STATISTICS["variance"]) and int(r["step"]) == step)
+    return {name: float(row[key]) for name, key in STATISTICS.items()}
+
+
+@pytest.mark.parametrize(
+    "strategy, samples",
+    [
+        (["strategy=ddp"], [[0, 1, 4, 5], [2, 3, 6, 7]]),
+        (["strategy=fsdp2", "strategy.save_distributed_checkpoint=false"], [[0, 1, 2, 3], [4, 5, 6, 7]]),
+    ],
+    ids=["ddp", "fsdp2"],
+)
+def test_two_processes_match_brute_force(strategy, samples, one_device, tmp_path, tmp_path_factory):
+    per_sequence, _ = one_device
+    run_dir = tmp_path / "run"
+    overrides = ADAPTIVE + strategy + ["trainer.devices=2", "trainer.accelerator=cpu", "logger=csv"]
+    result = run_train(overrides, run_dir, tmp_path_factory.getbasetemp() / "cache")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert_matches(logged_statistics(run_dir), reference(per_sequence, samples))
+
+
+def test_fsdp2_and_one_device_agree_on_the_same_samples(tmp_path, tmp_path_factory):
+    """Micro-batches of 4 on one device are the same samples as FSDP2's micro-steps of 2 x 2 ranks."""
+    cache = tmp_path_factory.getbasetemp() / "cache"
+    one = run_train(ADAPTIVE + ["batch.micro_batch_size=4", "logger=csv"], tmp_path / "one", cache)
+    assert one.returncode == 0, one.stderr[-3000:]
+    two = ADAPTIVE + ["strategy=fsdp2", "trainer.devices=2", "trainer.accelerator=cpu", "logger=csv"]
+    fsdp2 = run_train(two, tmp_path / "two", cache)
+    assert fsdp2.returncode == 0, fsdp2.stderr[-3000:]
+    assert_matches(logged_statistics(tmp_path / "two"), logged_statistics(tmp_path / "one"))
+
+
+def batch_sizes(run_dir: Path) -> dict[int, float]:
+    with open(run_dir / "csv" / "metrics.csv") as file:
+        rows = [r for r in csv.DictReader(file) if r.get("train/global_batch_size")]
+    return {int(r["step"]): float(r["train/global_batch_size"]) for r in rows}
+
+
+def test_resume_mid_schedule_continues_exactly(tmp_path, tmp_path_factory):
+    """Stopped after the first test asked for a larger batch: the same batch sizes and weights."""
+    cache = tmp_path_factory.getbasetemp() / "cache"
+    growing = TINY + [
+        "+experiment=adaptive_bs",
+        "callbacks.adaptive_batch.eta=0.3",
+        "batch.max_global_batch_size=40",
+        "trainer.max_steps=6",
+        "callbacks.model_checkpoint.every_n_train_steps=1",
+        "logger=csv",
+    ]
+    full = run_train(growing, tmp_path / "full", cache)
+    assert full.returncode == 0, full.stderr[-3000:]
+    sizes = batch_sizes(tmp_path / "full")
+    assert sizes[1] == 8 and sizes[2] > 8, sizes  # step 1's test asked for more, applied from step 2
+
+    resumed = run_train(growing + [f"ckpt_path={tmp_path / 'full/checkpoints/step000001.ckpt'}"], tmp_path / "resumed", cache)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert batch_sizes(tmp_path / "resumed") == {step: size for step, size in sizes.items() if step > 1}
+    expected = checkpoint_weights(tmp_path / "full/checkpoints/last.ckpt")
+    for name, value in checkpoint_weights(tmp_path / "resumed/checkpoints/last.ckpt").items():
+        assert torch.equal(value, expected[name]), name
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (["callbacks.adaptive_batch.samples=rank"], "samples=rank needs strategy=ddp"),
+        (["batch.global_batch_size=2"], "the test needs >= 2 samples"),
+        (["callbacks.adaptive_batch.min_global_batch_size=9"], "min_global_batch_size=9 must be a multiple"),
+        (
+            ["+callbacks.constant_batch._target_=callbacks.batch_schedules.ConstantBatch", "+callbacks.constant_batch.size=8"],
+            "only one callback may set the global batch",
+        ),
+    ],
+)
+def test_impossible_settings_fail_with_a_message(overrides, message, tmp_path, tmp_path_factory):
+    result = run_train(ADAPTIVE + ["logger=none"] + overrides, tmp_path / "run", tmp_path_factory.getbasetemp() / "cache")
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert message in result.stdout + result.stderr
