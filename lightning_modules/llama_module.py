@@ -18,6 +18,7 @@ import lightning as L
 import torch
 import torch.nn.functional as F
 from lightning.pytorch.strategies import FSDPStrategy
+from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp.wrap import wrap
 from torch.nn.parallel import DistributedDataParallel
 
@@ -85,6 +86,14 @@ class LlamaLightningModule(L.LightningModule):
         self.trained_seq_len = 0  # sequence length of the last micro-batch trained on
         self.step_metrics: dict[str, float] = {}  # this step's metrics; callbacks may add to it
         self.log_this_step = False  # callbacks set it to log this step's metrics off the usual interval
+        # DiLoCo: ranks form `replica_groups` replicas that never sync gradients; FSDP2
+        # shards only within a replica (mesh replica x shard, kept in `replica_mesh`).
+        self.replica_groups = 1
+        self.replica_mesh = None
+        # Simulated replicas take turns: `turns_per_step` optimizer steps make one step of
+        # the LR schedule, which reads the tokens seen when that global step began.
+        self.turns_per_step = 1
+        self._schedule_tokens = 0
 
     # ---------------------------------------------------------------- model building
     def configure_model(self) -> None:
@@ -95,23 +104,35 @@ class LlamaLightningModule(L.LightningModule):
         if self._init_state_dict is not None:
             self.model.load_state_dict(self._init_state_dict)
             self._init_state_dict = None
-        apply_layout(self.model, self.layout, mesh=self._data_parallel_mesh(), dynamic_seq_len=self.seq_len_varies)
+        apply_layout(self.model, self.layout, mesh=self._shard_mesh(), dynamic_seq_len=self.seq_len_varies)
         if self._trainer is not None and isinstance(self.trainer.strategy, FSDPStrategy):
             # Wrap the model itself (with the strategy's settings, which Lightning puts in
             # effect around configure_model) so Lightning does not wrap this module: its
             # training_step runs backward, which FSDP1 forbids inside a root forward.
             self.model = wrap(self.model)
 
-    def _data_parallel_mesh(self):
-        """The FSDP2 mesh under ModelParallelStrategy, else None (no sharding here)."""
+    def _shard_mesh(self):
+        """The mesh FSDP2 shards over under ModelParallelStrategy (None: no sharding).
+
+        With DiLoCo replica groups, a (replica, shard) mesh is built and only its shard
+        dimension shards, so inner steps never communicate across replicas. A replica of one
+        rank still gets FSDP2 on its 1-rank mesh: nothing is communicated, and Lightning's
+        checkpointing, which expects distributed parameters, works unchanged.
+        """
         mesh = self.device_mesh
         if mesh is None:
             return None
         if mesh.mesh_dim_names and "tensor_parallel" in mesh.mesh_dim_names:
             if mesh["tensor_parallel"].size() != 1:
                 raise ValueError("tensor parallelism is not supported: set strategy.tensor_parallel_size=1.")
-            return mesh["data_parallel"]
-        return mesh
+            mesh = mesh["data_parallel"]
+        if self.replica_groups == 1:
+            return mesh
+        shards = mesh.size() // self.replica_groups
+        self.replica_mesh = init_device_mesh(
+            mesh.device_type, (self.replica_groups, shards), mesh_dim_names=("replica", "shard")
+        )
+        return self.replica_mesh["shard"]
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
         return build_optimizer(self.model, self.optimizer_config)
@@ -198,8 +219,11 @@ class LlamaLightningModule(L.LightningModule):
 
     def _optimizer_step(self) -> None:
         optimizer = self.optimizers()
+        if self.clock.steps % self.turns_per_step == 0:
+            self._schedule_tokens = self.clock.tokens
+        schedule_step = self.clock.steps // self.turns_per_step + 1
         lr = learning_rate(
-            self.optimizer_config.lr, self.lr_schedule, self.clock.steps + 1, self.clock.tokens, self.token_budget
+            self.optimizer_config.lr, self.lr_schedule, schedule_step, self._schedule_tokens, self.token_budget
         )
         for group in optimizer.param_groups:
             group["lr"] = lr
@@ -286,6 +310,7 @@ class LlamaLightningModule(L.LightningModule):
             "clock": self.clock.state_dict(),
             "global_batch": self.global_batch.state_dict(),
             "train_seq_len": self.train_seq_len,
+            "schedule_tokens": self._schedule_tokens,
         }
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
@@ -293,3 +318,4 @@ class LlamaLightningModule(L.LightningModule):
         self.clock.load_state_dict(knobs["clock"])
         self.global_batch.load_state_dict(knobs["global_batch"])
         self.train_seq_len = knobs["train_seq_len"]
+        self._schedule_tokens = knobs["schedule_tokens"]

@@ -1,0 +1,175 @@
+"""DiLoCo: the outer step by hand, and exactness against plain training and across ways to run replicas.
+
+- a two-round example computed by hand (sign and order of the pseudo-gradient, Nesterov);
+- M=1 with outer lr 1 and momentum 0 equals plain training;
+- M=2 fed identical data equals M=1;
+- simulated M=2 (one process) equals 2 real replicas (2 processes, gloo);
+- 2 replicas x FSDP2 (4 processes) equal 2 unsharded replicas (2 processes);
+- resuming mid-round (and mid global step) continues exactly, simulated and real.
+"""
+
+import copy
+
+import lightning as L
+import pytest
+import torch
+
+from callbacks.diloco_outer_step import OuterOptimizer, average_in_process, quantize
+from launch.builders import build_callbacks, build_datamodule, build_module, build_trainer
+from launch.config_checks import check_config
+from tests.run_helpers import TINY, checkpoint_weights, compose_config, run_train
+
+DILOCO = TINY + [
+    "+experiment=diloco",
+    "batch.micro_batch_size=2",
+    "batch.global_batch_size=4",
+    "diloco.sync_every=2",
+    "logger=none",
+    "callbacks.validation_schedule.every_n_steps=1000",
+]
+REAL = ["strategy=fsdp2", "strategy.save_distributed_checkpoint=false", "trainer.accelerator=cpu"]
+
+
+def test_two_rounds_by_hand():
+    """Anchor 1.0; replicas end round 1 at 0.5 and 0.7, round 2 at 0.3 and 0.4 (lr 0.7, Nesterov 0.9).
+
+    Round 1: delta = 1 - 0.6 = 0.4; buf = 0.4; update = 0.4 + 0.9 * 0.4 = 0.76; anchor = 1 - 0.532 = 0.468.
+    Round 2: delta = 0.468 - 0.35 = 0.118; buf = 0.36 + 0.118 = 0.478; update = 0.118 + 0.4302 = 0.5482;
+    anchor = 0.468 - 0.38374 = 0.08426.
+    """
+    anchor = [torch.tensor([1.0])]
+    outer = OuterOptimizer(anchor, lr=0.7, momentum=0.9)
+    for replicas, expected in (([0.5, 0.7], 0.468), ([0.3, 0.4], 0.08426)):
+        deltas = [anchor[0] - torch.tensor([value]) for value in replicas]
+        outer.step([average_in_process(deltas, "none")])
+        assert anchor[0].item() == pytest.approx(expected, abs=1e-6)
+
+
+def test_plain_outer_sgd_moves_the_anchor_to_the_replica_mean():
+    anchor = [torch.tensor([2.0, -1.0])]
+    deltas = [anchor[0] - torch.tensor([1.0, 0.0]), anchor[0] - torch.tensor([0.0, 1.0])]
+    OuterOptimizer(anchor, lr=1.0, momentum=0.0).step([average_in_process(deltas, "none")])
+    torch.testing.assert_close(anchor[0], torch.tensor([0.5, 0.5]))
+
+
+def test_compression_rounds_like_its_format():
+    delta = torch.linspace(-3, 1, 101)
+    step = 3 / 127
+    assert (quantize(delta, "int8") - delta).abs().max() <= step / 2 + 1e-7
+    torch.testing.assert_close(quantize(delta, "bf16"), delta.bfloat16().float())
+    two = [delta, delta * 0.5]
+    torch.testing.assert_close(average_in_process(two, "int8"), (quantize(two[0], "int8") + quantize(two[1], "int8")) / 2)
+
+
+def final_weights(run_dir) -> dict[str, torch.Tensor]:
+    return checkpoint_weights(run_dir / "checkpoints" / "last.ckpt")
+
+
+def assert_same_weights(actual, expected, atol: float) -> None:
+    assert actual.keys() == expected.keys()
+    for name, value in expected.items():
+        torch.testing.assert_close(actual[name], value, rtol=0, atol=atol, msg=name)
+
+
+def train(overrides, run_dir, tmp_path_factory):
+    result = run_train(overrides, run_dir, tmp_path_factory.getbasetemp() / "cache")
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    return final_weights(run_dir)
+
+
+def test_one_replica_with_unit_outer_sgd_is_plain_training(tmp_path, tmp_path_factory):
+    common = TINY + ["batch.micro_batch_size=2", "batch.global_batch_size=4", "trainer.max_steps=4", "logger=none"]
+    plain = train(common, tmp_path / "plain", tmp_path_factory)
+    diloco = train(
+        DILOCO + ["trainer.max_steps=4", "diloco.replicas=1", "diloco.outer_lr=1.0", "diloco.outer_momentum=0"],
+        tmp_path / "diloco",
+        tmp_path_factory,
+    )
+    assert_same_weights(diloco, plain, atol=1e-6)
+
+
+class EachBatchTwice:
+    """A training loader that serves every micro-batch twice: replicas taking turns see the same data."""
+
+    def __init__(self, loader) -> None:
+        self.loader = loader
+
+    def __iter__(self):
+        for batch in self.loader:
+            yield batch
+            yield {key: value.clone() for key, value in batch.items()}
+
+    def __len__(self) -> int:
+        return 2 * len(self.loader)
+
+
+def fit_in_process(tmp_path, overrides, duplicate: bool) -> dict[str, torch.Tensor]:
+    cfg = compose_config(DILOCO + ["lr_schedule.name=constant", "token_budget=null", "diloco.outer_lr=0.7"] + overrides, tmp_path)
+    L.seed_everything(cfg.seed, verbose=False)
+    datamodule = build_datamodule(cfg)
+    if duplicate:
+        original = datamodule.train_dataloader
+        datamodule.train_dataloader = lambda: EachBatchTwice(original())
+    module = build_module(cfg, check_config(cfg), datamodule.vocab_size)
+    trainer = build_trainer(cfg, loggers=[], callbacks=build_callbacks(cfg))
+    trainer.fit(module, datamodule=datamodule)
+    return {name: value.detach().clone() for name, value in module.model.state_dict().items()}
+
+
+def test_two_replicas_fed_identical_data_equal_one(tmp_path):
+    """Same outer lr for both (the default depends on M); 5 global steps: 2 rounds and a partial one."""
+    one = fit_in_process(tmp_path / "one", ["diloco.replicas=1", "batch.global_batch_size=2", "trainer.max_steps=5"], False)
+    two = fit_in_process(tmp_path / "two", ["diloco.replicas=2", "batch.global_batch_size=4", "trainer.max_steps=10"], True)
+    assert_same_weights(two, one, atol=1e-6)
+
+
+@pytest.fixture(scope="module")
+def simulated_two_replicas(tmp_path_factory):
+    """Simulated M=2, 4 global steps (8 turns), 2 rounds; each replica trains on 2 sequences per step."""
+    run_dir = tmp_path_factory.mktemp("simulated")
+    return train(DILOCO + ["trainer.max_steps=8"], run_dir, tmp_path_factory)
+
+
+def test_simulated_replicas_equal_real_ones(simulated_two_replicas, tmp_path, tmp_path_factory):
+    real = train(DILOCO + REAL + ["trainer.devices=2", "trainer.max_steps=4"], tmp_path / "real", tmp_path_factory)
+    assert_same_weights(real, simulated_two_replicas, atol=1e-5)
+
+
+def test_sharded_replicas_equal_unsharded_ones(tmp_path, tmp_path_factory):
+    """2 replicas of 2 FSDP2 shards (micro-batch 1 per rank) against 2 replicas of one rank (micro-batch 2)."""
+    unsharded = train(DILOCO + REAL + ["trainer.devices=2", "trainer.max_steps=4"], tmp_path / "two", tmp_path_factory)
+    sharded = train(
+        DILOCO + REAL + ["trainer.devices=4", "trainer.max_steps=4", "batch.micro_batch_size=1"],
+        tmp_path / "four",
+        tmp_path_factory,
+    )
+    assert_same_weights(sharded, unsharded, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "overrides, resume_step",
+    [(["trainer.max_steps=8"], 3), (REAL + ["trainer.devices=2", "trainer.max_steps=4"], 1)],
+    ids=["simulated_mid_global_step", "real_mid_round"],
+)
+def test_resume_mid_round_is_exact(overrides, resume_step, simulated_two_replicas, tmp_path, tmp_path_factory):
+    checkpoints = DILOCO + overrides + [f"callbacks.model_checkpoint.every_n_train_steps={resume_step}"]
+    full = train(checkpoints, tmp_path / "full", tmp_path_factory)
+    checkpoint = tmp_path / f"full/checkpoints/step{resume_step:06d}.ckpt"
+    resumed = train(checkpoints + [f"ckpt_path={checkpoint}"], tmp_path / "resumed", tmp_path_factory)
+    for name, value in full.items():
+        assert torch.equal(resumed[name], value), name
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (["trainer.max_steps=3"], "make it a multiple of diloco.replicas"),
+        (["batch.global_batch_size=6"], "must split into 2 replica batches"),
+        (["strategy=ddp", "trainer.devices=2", "trainer.accelerator=cpu", "diloco.simulated=false"], "needs strategy=fsdp2"),
+        (["diloco.compression=fp8"], "compression='fp8' is unknown"),
+    ],
+)
+def test_impossible_settings_fail_with_a_message(overrides, message, tmp_path, tmp_path_factory):
+    result = run_train(DILOCO + overrides, tmp_path / "run", tmp_path_factory.getbasetemp() / "cache")
+    assert result.returncode == 2, result.stdout[-2000:] + result.stderr[-2000:]
+    assert message in result.stdout + result.stderr
