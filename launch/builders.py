@@ -17,6 +17,12 @@ from lightning_modules.hf_interop import load_hf_pretrained
 from lightning_modules.llama_module import LlamaLightningModule
 
 
+# Callbacks that change training (as opposed to measuring or saving it): tagged in W&B.
+TECHNIQUE_CALLBACKS = (
+    "adaptive_batch", "constant_batch", "batch_warmup", "batch_rampup", "seq_len_warmup", "diloco",
+)  # fmt: skip
+
+
 def build_datamodule(cfg: DictConfig) -> L.LightningDataModule:
     return instantiate(cfg.data, _convert_="all")
 
@@ -46,11 +52,23 @@ def wandb_group_and_name(cfg: DictConfig) -> tuple[str, str]:
     return cfg.experiment_name, cfg.experiment_name
 
 
+def wandb_tags(cfg: DictConfig) -> list[str]:
+    """Tags to filter runs by in the W&B UI: experiment, model, strategy, the techniques on, sweep or not."""
+    strategy = HydraConfig.get().runtime.choices.get("strategy") if HydraConfig.initialized() else None
+    tags = [cfg.experiment_name, f"model:{cfg.model.get('name', 'custom')}", f"strategy:{strategy or 'single_device'}"]
+    tags += [f"callback:{name}" for name in (cfg.get("callbacks") or {}) if name in TECHNIQUE_CALLBACKS]
+    if HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN:
+        tags.append("sweep")
+    return tags
+
+
 def build_logger(cfg: DictConfig, node: DictConfig) -> Logger:
-    """One logger; a W&B logger without explicit group / name gets them from the run."""
+    """One logger; a W&B logger without explicit group / name / tags gets them from the run."""
     if node.get("_target_", "").endswith("WandbLogger"):
         group, name = wandb_group_and_name(cfg)
-        return instantiate(node, group=node.get("group") or group, name=node.get("name") or name)
+        return instantiate(
+            node, group=node.get("group") or group, name=node.get("name") or name, tags=node.get("tags") or wandb_tags(cfg)
+        )
     return instantiate(node)
 
 

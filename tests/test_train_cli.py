@@ -7,7 +7,7 @@ import sys
 import pytest
 import torch
 
-from launch.builders import build_module
+from launch.builders import build_module, wandb_tags
 from launch.config_checks import ConfigError, check_config
 from lightning_modules.hf_interop import load_lightning_checkpoint
 from lightning_modules.llama import Llama
@@ -88,3 +88,8 @@ def test_trained_checkpoint_exports_to_hf_and_seeds_a_new_run(tmp_path):
     module.configure_model()
     for name, value in module.model.state_dict().items():
         assert torch.equal(value, state_dict[name]), name
+
+
+def test_wandb_tags_name_the_experiment_model_and_techniques(tmp_path):
+    cfg = compose_config(["+experiment=adaptive_bs", "model=diloco_35m"], tmp_path)
+    assert wandb_tags(cfg) == ["adaptive_bs", "model:diloco_35m", "strategy:single_device", "callback:adaptive_batch"]
