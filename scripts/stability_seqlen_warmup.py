@@ -14,43 +14,20 @@ lowest loss seen before it (``stability/loss_spike_ratio``).
 """
 
 import argparse
-import csv
-import subprocess
 import sys
-import time
 from pathlib import Path
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from analysis.report import markdown_table, plot_panels  # noqa: E402
+from analysis.runs import Run, train_run  # noqa: E402
 
 
-def train(name: str, overrides: list[str], out: Path) -> tuple[list[dict[str, str]], float]:
-    """One train.py run; its CSV rows and wall time."""
-    run_dir = out / name
-    command = [sys.executable, str(REPO / "train.py"), f"hydra.run.dir={run_dir}", "logger=csv",
-               "trainer.log_every_n_steps=1", *overrides]  # fmt: skip
-    print(f"training {name}: {' '.join(overrides)}", file=sys.stderr, flush=True)
-    started = time.perf_counter()
-    result = subprocess.run(command, cwd=REPO, capture_output=True, text=True)
-    if result.returncode != 0:
-        raise SystemExit(f"{name} failed:\n{result.stderr[-3000:]}")
-    with open(run_dir / "csv" / "metrics.csv") as file:
-        return list(csv.DictReader(file)), time.perf_counter() - started
-
-
-def series(rows: list[dict[str, str]], key: str) -> tuple[list[float], list[float]]:
-    points = [(float(row["train/tokens_seen"]), float(row[key])) for row in rows if row.get(key)]
-    return [tokens for tokens, _ in points], [value for _, value in points]
-
-
-def summary(rows: list[dict[str, str]], seconds: float, threshold: float) -> dict[str, str]:
-    _, ratios = series(rows, "stability/loss_spike_ratio")
-    _, adam_max = series(rows, "stability/adam_v_max")
-    tokens, val = series(rows, "val/loss")
+def summary(run: Run, seconds: float, threshold: float) -> dict[str, str]:
+    _, ratios = run.series("stability/loss_spike_ratio")
+    _, adam_max = run.series("stability/adam_v_max")
+    tokens, val = run.series("val/loss")
     return {
         "loss spikes": str(sum(ratio > threshold for ratio in ratios)),
         "max loss ratio": f"{max(ratios):.3f}",
@@ -59,18 +36,6 @@ def summary(rows: list[dict[str, str]], seconds: float, threshold: float) -> dic
         "tokens": f"{int(tokens[-1]):,}",
         "wall time": f"{seconds:.0f} s",
     }
-
-
-def plot(runs: dict[str, list[dict[str, str]]], path: Path) -> None:
-    figure, (loss_axis, length_axis) = plt.subplots(2, 1, sharex=True, figsize=(8, 7))
-    for name, rows in runs.items():
-        loss_axis.plot(*series(rows, "train/loss"), label=name, linewidth=1)
-        length_axis.plot(*series(rows, "train/seq_len"), label=name)
-    loss_axis.set(ylabel="training loss (nats/token)", title="Large batch and LR: baseline vs sequence-length warmup")
-    length_axis.set(xlabel="tokens seen", ylabel="training sequence length")
-    loss_axis.legend()
-    figure.tight_layout()
-    figure.savefig(path, dpi=120)
 
 
 def main() -> None:
@@ -103,14 +68,13 @@ def main() -> None:
     ]
     runs, rows = {}, []
     for name, extra in (("baseline", []), ("seqlen warmup", warmup)):
-        runs[name], seconds = train(name.replace(" ", "_"), shared + extra, args.out)
+        runs[name], seconds = train_run(name.replace(" ", "_"), shared + extra, args.out)
         rows.append({"run": name, **summary(runs[name], seconds, args.spike_threshold)})
 
-    columns = list(rows[0])
-    print(f"| {' | '.join(columns)} |\n|{'---|' * len(columns)}")
-    for row in rows:
-        print(f"| {' | '.join(row[column] for column in columns)} |")
-    plot(runs, args.out / "stability.png")
+    print(markdown_table(rows))
+    panels = [("train/loss", "training loss (nats/token)"), ("train/seq_len", "training sequence length")]
+    title = "Large batch and LR: baseline vs sequence-length warmup"
+    plot_panels(runs, panels, title, args.out / "stability.png")
     print(f"\nwrote {args.out / 'stability.png'}", file=sys.stderr)
 
 

@@ -1,0 +1,106 @@
+"""Sweep presets in conf/sweep/: every job of every preset composes and passes the config checks.
+
+Hydra refuses `python train.py -m +sweep=NAME --cfg job` ("Only one of --run, --multirun,
+--cfg ... can be specified"), so the jobs are composed here the way the sweeper makes
+them: the preset's `hydra.sweeper.params` expanded into one override list per job.
+"""
+
+import itertools
+from pathlib import Path
+
+import pytest
+import yaml
+from hydra import compose, initialize_config_dir
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.core.override_parser.types import IntervalSweep, Override
+from omegaconf import DictConfig, OmegaConf
+
+from launch.config_checks import check_config
+from lightning_modules.llama import default_mlp_hidden
+from tests.run_helpers import REPO, TINY, run_train
+
+PRESETS = sorted(path.stem for path in (REPO / "conf" / "sweep").glob("*.yaml"))
+PARSER = OverridesParser.create()
+
+
+def compose_train(overrides: list[str]) -> DictConfig:
+    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+        return compose("train", overrides=overrides, return_hydra_config=True)
+
+
+def job_values(override: Override) -> list[str]:
+    """The values a sweeper would try: every choice or range value; an interval's two ends."""
+    if isinstance(override.value(), IntervalSweep):
+        return [str(override.value().start), str(override.value().end)]
+    return list(override.sweep_string_iterator()) if override.is_sweep_override() else [override.get_value_element_as_str()]
+
+
+def jobs(params: dict[str, str]) -> list[list[str]]:
+    """One override list per job: the cross product of every parameter's values."""
+    parsed = PARSER.parse_overrides([f"{key}={value}" for key, value in params.items()])
+    axes = [[f"{o.get_key_element()}={value}" for value in job_values(o)] for o in parsed]
+    return [list(job) for job in itertools.product(*axes)]
+
+
+def assert_applied(cfg: DictConfig, job: list[str]) -> None:
+    """Each override of the job is in the composed config: a group as the chosen option, a value as set."""
+    for override in PARSER.parse_overrides(job):
+        key = override.key_or_group
+        if key in cfg.hydra.runtime.choices:
+            assert cfg.hydra.runtime.choices[key] == override.value(), override.input_line
+        else:
+            assert OmegaConf.select(cfg, key) == override.value(), override.input_line
+
+
+@pytest.mark.parametrize("preset", PRESETS)
+def test_every_job_of_the_preset_composes_and_passes_the_config_checks(preset: str) -> None:
+    params = compose_train([f"+sweep={preset}"]).hydra.sweeper.params
+    assert params, f"conf/sweep/{preset}.yaml sets no hydra.sweeper.params"
+    for job in jobs(OmegaConf.to_container(params)):
+        cfg = compose_train([f"+sweep={preset}", *job])
+        assert_applied(cfg, job)
+        check_config(cfg)
+
+
+def test_presets_cover_the_research_questions() -> None:
+    assert {"seqlen_lr", "layout", "model_ladder", "tiny_ladder", "optuna_lr"} <= set(PRESETS)
+    assert compose_train(["+sweep=optuna_lr"]).hydra.sweeper._target_.endswith("OptunaSweeper")
+
+
+def sweep_jobs(tmp_path: Path, cache: Path, overrides: list[str]) -> list[dict]:
+    """Run `python train.py -m` with tiny settings; each job's resolved config, in job order."""
+    sweep = tmp_path / "sweep"
+    # hydra.mode=MULTIRUN is `-m` as an override: run_train puts its own overrides first.
+    result = run_train(["hydra.mode=MULTIRUN", f"hydra.sweep.dir={sweep}", *overrides, "trainer.max_steps=2",
+                        "token_budget=null", "lr_schedule.name=constant"], tmp_path / "unused", cache)  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    jobs = sorted((path for path in sweep.iterdir() if path.name.isdigit()), key=lambda path: int(path.name))
+    return [yaml.safe_load((job / "csv" / "hparams.yaml").read_text()) for job in jobs]
+
+
+def test_seqlen_lr_runs_and_a_command_line_value_replaces_the_presets_list(tmp_path: Path, tmp_path_factory) -> None:
+    """`+sweep=seqlen_lr optimizer.lr=4e-3`: both experiments, at that LR only (2 jobs, not 8)."""
+    overrides = ["+sweep=seqlen_lr", *TINY, "logger=csv", "optimizer.lr=4e-3"]
+    configs = sweep_jobs(tmp_path, tmp_path_factory.getbasetemp() / "cache", overrides)
+    assert [config["optimizer"]["lr"] for config in configs] == [4e-3, 4e-3]
+    assert ["seq_len_warmup" in config["callbacks"] for config in configs] == [False, True]
+    assert {config["experiment_name"] for config in configs} == {"sweep_seqlen_lr"}
+
+
+def test_a_preset_with_the_slurm_launcher_composes() -> None:
+    cfg = compose_train(["+sweep=model_ladder", "hydra/launcher=slurm", "hydra.launcher.partition=gpu",
+                         "trainer=gpu", "trainer.devices=8", "strategy=fsdp2"])  # fmt: skip
+    launcher = cfg.hydra.launcher
+    assert launcher._target_.endswith("SlurmLauncher") and launcher.partition == "gpu"
+    assert (launcher.gpus_per_node, launcher.tasks_per_node, launcher.nodes) == (8, 8, 1)
+    assert cfg.hydra.sweeper.params.model.startswith("diloco_35m,")
+
+
+def test_tiny_ladder_runs_end_to_end_on_cpu(tmp_path: Path, tmp_path_factory) -> None:
+    """Two widths of the CPU ladder through `train.py -m +sweep=tiny_ladder`; the preset picks the logger."""
+    tiny = [o for o in TINY if not o.startswith(("model.d_model=", "model.mlp_hidden="))]
+    overrides = ["+sweep=tiny_ladder", *tiny, "model.d_model=32,64", "optimizer.lr=4e-3"]
+    configs = sweep_jobs(tmp_path, tmp_path_factory.getbasetemp() / "cache", overrides)
+    assert [config["model"]["d_model"] for config in configs] == [32, 64]
+    # The preset's mlp_hidden: null gives Llama's rule at each width.
+    assert [config["model"]["mlp_hidden"] for config in configs] == [default_mlp_hidden(32), default_mlp_hidden(64)]
