@@ -131,10 +131,10 @@ class AdaptiveBatchSize(L.Callback):
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         keep = self.test != "norm"
         if self._kind == "rank":
-            self._ranks = RankSamples(trainer.strategy.model, keep)
+            self._ranks = RankSamples(trainer.strategy.model, keep, pl_module.device)
         else:
             parameters = list(pl_module.model.parameters())
-            self._micro = MicroStepSamples(parameters, fsdp1_shard_groups(trainer), keep)
+            self._micro = MicroStepSamples(parameters, fsdp1_shard_groups(trainer), keep, pl_module.device)
             self._micro.start()
         if pl_module.clock.steps == 0 and self.min_global_batch_size:
             pl_module.global_batch.request(self.min_global_batch_size)
@@ -157,10 +157,10 @@ class AdaptiveBatchSize(L.Callback):
         if self._micro is not None:
             self._micro.add_micro_step(batch.accumulation)
             if last:
-                self._decide(pl_module, self._micro.finish(batch.accumulation, batch.granularity, pl_module.device))
+                self._decide(pl_module, self._micro.finish(batch.accumulation, batch.granularity))
         elif last:
             sample_size = batch.micro_batch_size * batch.accumulation
-            self._decide(pl_module, self._ranks.finish(list(pl_module.model.parameters()), sample_size, pl_module.device))
+            self._decide(pl_module, self._ranks.finish(list(pl_module.model.parameters()), sample_size))
 
     # ------------------------------------------------------------------ the decision
     def _decide(self, pl_module: L.LightningModule, sums: SampleSums) -> None:

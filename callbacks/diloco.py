@@ -181,11 +181,12 @@ class DiLoCo(L.Callback):
     def on_train_batch_end(
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
-        self._loss_sum += float(outputs["loss"] if isinstance(outputs, dict) else outputs)
+        self._loss_sum = self._loss_sum + (outputs["loss"] if isinstance(outputs, dict) else outputs).detach().float()
         self._micro_batches += 1
         if not pl_module.at_step_boundary:
             return
-        step_loss, self._loss_sum, self._micro_batches = self._loss_sum / self._micro_batches, 0.0, 0
+        step_loss = float(self._loss_sum / self._micro_batches)
+        self._loss_sum, self._micro_batches = 0.0, 0
         if self.simulated:
             self._losses[(pl_module.clock.steps - 1) % self.replicas] = step_loss
             if pl_module.clock.steps % self.replicas:

@@ -28,31 +28,34 @@ from callbacks.batch_size_tests import SampleSums
 from lightning_modules.sharded_sums import Groups, local, shard_groups, sum_over_shards
 
 
-def _squared_norms(tensors: list[torch.Tensor]) -> torch.Tensor:
+def _squared_norms(tensors: list[torch.Tensor], device: torch.device) -> torch.Tensor:
+    """Sum of squared norms, on the device (no host sync: called during backward)."""
     if not tensors:
-        return torch.zeros((), dtype=torch.float64)
+        return torch.zeros((), dtype=torch.float64, device=device)
     return torch.stack([torch.linalg.vector_norm(t, dtype=torch.float32) for t in tensors]).double().square().sum()
 
 
-def _dots(left: list[torch.Tensor], right: list[torch.Tensor]) -> torch.Tensor:
+def _dots(left: list[torch.Tensor], right: list[torch.Tensor], device: torch.device) -> torch.Tensor:
     if not left:
-        return torch.zeros((), dtype=torch.float64)
+        return torch.zeros((), dtype=torch.float64, device=device)
     return torch.stack([torch.vdot(a.float().flatten(), b.float().flatten()) for a, b in zip(left, right)]).double().sum()
 
 
 class MicroStepSamples:
     """Samples from the increments of the (sharded) gradient across micro-steps."""
 
-    def __init__(self, parameters: list[torch.nn.Parameter], plain_tensor_groups: Groups, keep: bool) -> None:
+    def __init__(
+        self, parameters: list[torch.nn.Parameter], plain_tensor_groups: Groups, keep: bool, device: torch.device
+    ) -> None:
         # Parameters grouped by the ranks that hold pieces of them: the same keys on every rank.
         self.by_groups: dict[Groups, list[torch.nn.Parameter]] = {}
         for parameter in parameters:
             self.by_groups.setdefault(shard_groups(parameter, plain_tensor_groups), []).append(parameter)
-        self.keep = keep
+        self.keep, self.device = keep, device
 
     def start(self) -> None:
         self._previous: dict[Groups, list[torch.Tensor]] = {}
-        self._sum_sq = {key: torch.zeros((), dtype=torch.float64) for key in self.by_groups}
+        self._sum_sq = {key: torch.zeros((), dtype=torch.float64, device=self.device) for key in self.by_groups}
         self._kept: dict[Groups, list[list[torch.Tensor]]] = {key: [] for key in self.by_groups}
 
     def _grads(self, key: Groups) -> list[torch.Tensor]:
@@ -68,18 +71,18 @@ class MicroStepSamples:
             else:
                 increments = torch._foreach_sub([g.float() for g in grads], previous)
                 torch._foreach_mul_(increments, float(accumulation))
-            self._sum_sq[key] += _squared_norms(increments).cpu()
+            self._sum_sq[key] += _squared_norms(increments, self.device)
             if self.keep:
                 self._kept[key].append(increments)
             self._previous[key] = [g.detach().float().clone() for g in grads]
 
-    def finish(self, n: int, sample_size: int, device: torch.device) -> SampleSums:
+    def finish(self, n: int, sample_size: int) -> SampleSums:
         """Complete the sums once the step's last backward is done (g = the final gradient)."""
         partials = {}
         for key in self.by_groups:
             grads = [g.float() for g in self._grads(key)]
-            dots = [_dots(sample, grads).cpu() for sample in self._kept[key]]
-            partials[key] = torch.stack([self._sum_sq[key], _squared_norms(grads).cpu(), *dots]).to(device)
+            dots = [_dots(sample, grads, self.device) for sample in self._kept[key]]
+            partials[key] = torch.stack([self._sum_sq[key], _squared_norms(grads, self.device), *dots])
         totals = sum_over_shards(partials).cpu()
         self.start()
         sums = SampleSums(n=n, sample_size=sample_size, sum_sq=totals[0].item(), g_sq=totals[1].item())
@@ -92,21 +95,21 @@ class MicroStepSamples:
 class RankSamples:
     """Samples from each DDP rank's local gradient, read in a communication hook."""
 
-    def __init__(self, ddp: DistributedDataParallel, keep: bool) -> None:
-        self.keep, self.active = keep, False
+    def __init__(self, ddp: DistributedDataParallel, keep: bool, device: torch.device) -> None:
+        self.keep, self.active, self.device = keep, False, device
         self.start()
         ddp.register_comm_hook(None, self._hook)
 
     def start(self) -> None:
-        self._sq = torch.zeros((), dtype=torch.float64)
-        self._dot = torch.zeros((), dtype=torch.float64)
+        self._sq = torch.zeros((), dtype=torch.float64, device=self.device)
+        self._dot = torch.zeros((), dtype=torch.float64, device=self.device)
 
     def _hook(self, state: object, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
         """Runs on each gradient bucket of the step's last backward, before DDP averages it."""
         if not self.active:
             return allreduce_hook(None, bucket)
         mine = bucket.buffer().float()
-        self._sq += _squared_norms([mine]).cpu()
+        self._sq += _squared_norms([mine], self.device)
         if self.keep:
             mine = mine.clone()  # the all-reduce works in place on the buffer
         future = allreduce_hook(None, bucket)
@@ -115,15 +118,15 @@ class RankSamples:
 
         def add_dot(done: torch.futures.Future[torch.Tensor]) -> torch.Tensor:
             average = done.value()
-            self._dot += _dots([mine], [average]).cpu()
+            self._dot += _dots([mine], [average], self.device)
             return average
 
         return future.then(add_dot)
 
-    def finish(self, parameters: list[torch.nn.Parameter], sample_size: int, device: torch.device) -> SampleSums:
+    def finish(self, parameters: list[torch.nn.Parameter], sample_size: int) -> SampleSums:
         """After the step's backward: the gradients now hold the average over ranks."""
-        g_sq = _squared_norms([p.grad for p in parameters if p.grad is not None]).item()
-        totals = torch.stack([self._sq, self._dot, self._dot.square()]).to(device)
+        g_sq = _squared_norms([p.grad for p in parameters if p.grad is not None], self.device).item()
+        totals = torch.stack([self._sq, self._dot, self._dot.square()])
         dist.all_reduce(totals, op=dist.ReduceOp.SUM)
         sq, dot_sum, dot_sq_sum = totals.cpu().tolist()
         self.start()
