@@ -1,7 +1,9 @@
 """Sequence-length warmup (Li, Zhang, He 2022): short sequences first, full length later.
 
 The schedule is DeepSpeed's curriculum scheduler (``curriculum_type: seqlen``), with its
-setting names, evaluated at t = optimizer steps done + 1 over T = ``total_curriculum_step``:
+setting names, evaluated at t = optimizer steps done + 1 (the module's ``schedule_step``,
+which counts simulated DiLoCo replicas' turns as one global step) over
+T = ``total_curriculum_step``:
 
 - ``fixed_linear``:   d = floor(min + (max - min) * min(t / T, 1)); d -= d % step; d = min(d, max)
 - ``fixed_root``:     the same with (t / T) ** (1 / root_degree)
@@ -125,4 +127,4 @@ class SequenceLengthWarmup(L.Callback):
 
     def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int) -> None:
         if pl_module.at_step_boundary:
-            pl_module.train_seq_len = self.length_at(pl_module.clock.steps + 1)
+            pl_module.train_seq_len = self.length_at(pl_module.schedule_step)

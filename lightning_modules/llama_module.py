@@ -190,6 +190,15 @@ class LlamaLightningModule(L.LightningModule):
         return self._micro_index == 0
 
     @property
+    def schedule_step(self) -> int:
+        """The 1-based step that step-based schedules (LR warmup, curricula) are at.
+
+        It is the optimizer step about to run, except that simulated replicas' turns in
+        one global step share one schedule step.
+        """
+        return self.clock.steps // self.turns_per_step + 1
+
+    @property
     def micro_index(self) -> int:
         """Index of the current micro-batch within its optimizer step (0 at a boundary)."""
         return self._micro_index
@@ -221,9 +230,8 @@ class LlamaLightningModule(L.LightningModule):
         optimizer = self.optimizers()
         if self.clock.steps % self.turns_per_step == 0:
             self._schedule_tokens = self.clock.tokens
-        schedule_step = self.clock.steps // self.turns_per_step + 1
         lr = learning_rate(
-            self.optimizer_config.lr, self.lr_schedule, schedule_step, self._schedule_tokens, self.token_budget
+            self.optimizer_config.lr, self.lr_schedule, self.schedule_step, self._schedule_tokens, self.token_budget
         )
         for group in optimizer.param_groups:
             group["lr"] = lr

@@ -3,7 +3,7 @@
 - a two-round example computed by hand (sign and order of the pseudo-gradient, Nesterov);
 - M=1 with outer lr 1 and momentum 0 equals plain training;
 - M=2 fed identical data equals M=1;
-- simulated M=2 (one process) equals 2 real replicas (2 processes, gloo);
+- simulated M=2 (one process) equals 2 real replicas (2 processes, gloo), also with int8 exchange;
 - 2 replicas x FSDP2 (4 processes) equal 2 unsharded replicas (2 processes);
 - resuming mid-round (and mid global step) continues exactly, simulated and real.
 """
@@ -133,6 +133,14 @@ def simulated_two_replicas(tmp_path_factory):
 def test_simulated_replicas_equal_real_ones(simulated_two_replicas, tmp_path, tmp_path_factory):
     real = train(DILOCO + REAL + ["trainer.devices=2", "trainer.max_steps=4"], tmp_path / "real", tmp_path_factory)
     assert_same_weights(real, simulated_two_replicas, atol=1e-5)
+
+
+def test_int8_exchange_matches_its_simulation(tmp_path, tmp_path_factory):
+    """The real all-gather of int8 values and scales rounds exactly as the simulation does."""
+    int8 = DILOCO + ["diloco.compression=int8"]
+    simulated = train(int8 + ["trainer.max_steps=8"], tmp_path / "simulated", tmp_path_factory)
+    real = train(int8 + REAL + ["trainer.devices=2", "trainer.max_steps=4"], tmp_path / "real", tmp_path_factory)
+    assert_same_weights(real, simulated, atol=1e-5)
 
 
 def test_sharded_replicas_equal_unsharded_ones(tmp_path, tmp_path_factory):
