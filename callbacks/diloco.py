@@ -16,8 +16,9 @@ Two ways to run the replicas:
   on the next B / M sequences. The LR schedule follows the global step, so M turns share
   one LR. ``trainer.max_steps`` then counts turns (M per global step).
 
-Training always ends with an outer step (a partial round if need be), so the final weights
-are one synced model. Checkpoints hold the anchor, the outer momentum and every replica's
+Training always ends synced: if it stops mid-round, the replicas are averaged (anchor minus
+the averaged pseudo-gradient, no outer momentum or learning rate, since a partial round's
+pseudo-gradient is not a full outer gradient), so the final weights are one model. Checkpoints hold the anchor, the outer momentum and every replica's
 weights and inner optimizer state (gathered from all ranks into the single checkpoint
 file), so a run resumed mid-round continues exactly.
 
@@ -195,9 +196,9 @@ class DiLoCo(L.Callback):
         else:
             self._losses = self._replica_losses(step_loss, pl_module.device)
         pl_module.step_metrics.update({f"diloco/replica_{r}_loss": loss for r, loss in sorted(self._losses.items())})
-        finishing = trainer.should_stop or 0 < trainer.max_steps <= trainer.global_step
-        if self._global_steps(pl_module) % self.sync_every == 0 or finishing:
-            self._outer_step(trainer, pl_module)
+        full_round = self._global_steps(pl_module) % self.sync_every == 0
+        if full_round or trainer.should_stop or 0 < trainer.max_steps <= trainer.global_step:
+            self._outer_step(trainer, pl_module, full_round)
 
     def _replica_losses(self, step_loss: float, device: torch.device) -> dict[int, float]:
         """Each real replica's step loss, averaged over its ranks (one tiny all-gather)."""
@@ -209,7 +210,9 @@ class DiLoCo(L.Callback):
         return dict(enumerate(per_replica.tolist()))
 
     # ------------------------------------------------------------------ the outer step
-    def _outer_step(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+    def _outer_step(self, trainer: L.Trainer, pl_module: L.LightningModule, full_round: bool) -> None:
+        """Sync the replicas: an outer optimizer step after a full round; after a partial one
+        (training ended mid-round), the replicas' average, without an outer update."""
         anchors = self._outer.anchor
         if self.simulated:
             deltas = [
@@ -222,11 +225,14 @@ class DiLoCo(L.Callback):
             if group is not None:
                 deltas = [average_across_replicas(d, group, self.compression) for d in deltas]
         norm = self._norm(trainer, deltas)
-        self._outer.step(deltas)
+        if full_round:
+            self._outer.step(deltas)
+            self.rounds += 1
+        else:
+            self._outer.average(deltas)
         for weights in self._weights:
             for weight, anchor in zip(weights, anchors):
                 weight.copy_(anchor)
-        self.rounds += 1
         self._log_round(pl_module, norm)
 
     def _norm(self, trainer: L.Trainer, deltas: list[torch.Tensor]) -> float:

@@ -97,6 +97,11 @@ class OuterOptimizer:
         for anchor, update in zip(self.anchor, updates):
             anchor.sub_(update, alpha=self.lr)
 
+    def average(self, deltas: list[torch.Tensor]) -> None:
+        """Move the anchor to the replicas' mean (anchor - averaged delta), leaving the momentum alone."""
+        for anchor, delta in zip(self.anchor, deltas):
+            anchor.sub_(delta.to(anchor.device))
+
     def state_dict(self) -> dict:
         return {"anchor": [a.clone() for a in self.anchor], "buffers": self.buffers}
 

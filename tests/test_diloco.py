@@ -181,3 +181,11 @@ def test_impossible_settings_fail_with_a_message(overrides, message, tmp_path, t
     result = run_train(DILOCO + overrides, tmp_path / "run", tmp_path_factory.getbasetemp() / "cache")
     assert result.returncode == 2, result.stdout[-2000:] + result.stderr[-2000:]
     assert message in result.stdout + result.stderr
+
+
+def test_a_partial_round_ends_at_the_replica_mean_without_momentum():
+    anchor = [torch.tensor([1.0])]
+    outer = OuterOptimizer(anchor, lr=0.7, momentum=0.9)
+    outer.step([torch.tensor([0.4])])  # a full round: anchor 0.468, momentum 0.4
+    outer.average([average_in_process([anchor[0] - 0.3, anchor[0] - 0.4], "none")])
+    assert anchor[0].item() == pytest.approx(0.35) and outer.buffers[0].item() == pytest.approx(0.4)
