@@ -12,6 +12,7 @@ exact. Every size must already be a multiple of micro_batch x data-parallel rank
 baseline that silently trained on rounded sizes would not be the baseline asked for.
 """
 
+from abc import ABC, abstractmethod
 from typing import Any
 
 import lightning as L
@@ -20,18 +21,19 @@ from lightning_modules.clock import TrainingClock
 from lightning_modules.global_batch import BatchConfigError, GlobalBatch, check_single_controller
 
 
-class BatchSchedule(L.Callback):
+class BatchSchedule(L.Callback, ABC):
     """Sets the global batch from the clock before every optimizer step."""
 
     controls_global_batch = True
     key = "callbacks.batch_schedule"
 
+    @abstractmethod
     def size_at(self, clock: TrainingClock) -> int:
-        raise NotImplementedError
+        """The global batch for the optimizer step after this clock reading."""
 
+    @abstractmethod
     def sizes(self) -> dict[str, int]:
         """Every size the schedule can ask for, by setting name (checked in setup)."""
-        raise NotImplementedError
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         check_single_controller(trainer.callbacks)
