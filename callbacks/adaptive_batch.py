@@ -43,7 +43,7 @@ class AdaptiveBatchSize(L.Callback):
     """Args:
     test: ``norm``, ``inner_product`` or ``augmented_inner_product``.
     eta, theta, nu: the tests' tolerances (norm; inner product; orthogonality).
-    every_n_steps: test at optimizer steps 1, 1 + every_n_steps, ...
+    every_n_steps: test every this many optimizer steps (the first step is always tested).
     min_global_batch_size: the batch the run starts at (null: ``batch.global_batch_size``);
         since the batch only grows it is also the smallest.
     max_global_batch_size: the largest batch the test may ask for (null: no cap beyond
@@ -135,7 +135,6 @@ class AdaptiveBatchSize(L.Callback):
         else:
             parameters = list(pl_module.model.parameters())
             self._micro = MicroStepSamples(parameters, fsdp1_shard_groups(trainer), keep, pl_module.device)
-            self._micro.start()
         if pl_module.clock.steps == 0 and self.min_global_batch_size:
             pl_module.global_batch.request(self.min_global_batch_size)
 
