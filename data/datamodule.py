@@ -58,6 +58,9 @@ class TextDataModule(L.LightningDataModule):
         cache_dir: str = ".cache/data",
     ) -> None:
         super().__init__()
+        # Saved into checkpoints (``datamodule_hyper_parameters``), so tools that read a
+        # checkpoint alone (evaluation, export) can rebuild its tokenizer and corpus.
+        self.save_hyperparameters()
         _check_settings(seq_len, micro_batch_size, val_fraction, val_max_rows, shuffle, seed)
         self.source: DocumentSource = build_source(as_plain_dict(source, "data.source"))
         self.tokenizer_config = check_tokenizer_config(as_plain_dict(tokenizer, "data.tokenizer"))
