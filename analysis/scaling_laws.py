@@ -27,16 +27,37 @@ from matplotlib.ticker import FuncFormatter  # noqa: E402
 
 from analysis.runs import Run  # noqa: E402
 
-# Charles et al. 2025 (arXiv 2503.09799), Table 4: final evaluation loss of data-parallel
-# training and DiLoCo with M = 1, 2, 4, 8 replicas, for the two sizes quoted in the
-# project's design brief. N is the nominal size in the paper's model names: the exact
-# parameter counts (and the table's other five sizes) could not be looked up here.
+# Charles et al. 2025, "Communication-Efficient Language Model Training Scales Reliably and
+# Robustly: Scaling Laws for DiLoCo" (arXiv 2503.09799), Table 4: C4 evaluation loss, in nats
+# per token, of data-parallel training (key None) and of DiLoCo with M = 1, 2, 4, 8 replicas,
+# by nominal model size N (the size in the paper's model names, not an exact parameter count).
+# Setup: D = 20 N tokens, sequences of 2048, vocabulary 32,768, AdamW (beta2 0.99), cosine
+# decay to 5%; DiLoCo syncs every H = 30 inner steps, outer Nesterov momentum 0.9.
 PAPER_TABLE4 = {
     35e6: {None: 3.485, 1: 3.482, 2: 3.508, 4: 3.554, 8: 3.621},
+    90e6: {None: 3.167, 1: 3.162, 2: 3.182, 4: 3.213, 8: 3.265},
+    180e6: {None: 2.950, 1: 2.943, 2: 2.957, 4: 2.981, 8: 3.019},
+    335e6: {None: 2.784, 1: 2.777, 2: 2.788, 4: 2.808, 8: 2.841},
+    550e6: {None: 2.653, 1: 2.645, 2: 2.657, 4: 2.673, 8: 2.698},
     1.3e9: {None: 2.460, 1: 2.451, 2: 2.464, 4: 2.472, 8: 2.493},
+    2.4e9: {None: 2.326, 1: 2.317, 2: 2.323, 4: 2.332, 8: 2.351},
 }
-# The paper's joint fit L = A N^alpha M^beta over all seven sizes (N = parameter count).
-PAPER_JOINT_FIT = {"A": 19.226, "alpha": -0.0985, "beta": 0.0116}
+# The paper's own fits of that table, as (A, alpha) of L = A N^alpha per group and (A, alpha,
+# beta) of L = A N^alpha M^beta over the DiLoCo columns, keyed by the name `fit_all` gives each.
+PAPER_FITS = {
+    "L(N) DP": (18.129, -0.0953),
+    "L(N) M=1": (18.363, -0.0961),
+    "L(N) M=2": (18.768, -0.0969),
+    "L(N) M=4": (19.762, -0.0992),
+    "L(N) M=8": (21.051, -0.1018),
+    "L(N, M)": (19.226, -0.0985, 0.0116),
+}
+# The paper's 4B and 10B runs, trained beyond Table 4 to test how its laws extrapolate; same
+# units, setup and keys as PAPER_TABLE4 (M = 8 is not given at these sizes).
+PAPER_EXTRAPOLATION = {
+    4e9: {None: 2.224, 1: 2.219, 2: 2.220, 4: 2.230},
+    10e9: {None: 2.090, 1: 2.086, 2: 2.086, 4: 2.096},
+}
 # Hyperparameters whose best value is fitted as a power law of N: printed name, Result field.
 HYPERPARAMETERS = (("inner LR", "lr"), ("batch tokens", "batch_tokens"))
 
@@ -212,9 +233,15 @@ def results_of(runs: list[Run]) -> tuple[list[Result], list[str]]:
     return results, notes
 
 
-def paper_results() -> list[Result]:
-    """The paper's Table 4 losses (no hyperparameters: the table does not give them)."""
-    return [Result(n, m, loss) for n, row in PAPER_TABLE4.items() for m, loss in row.items()]
+def paper_results(table: dict[float, dict[int | None, float]] = PAPER_TABLE4) -> list[Result]:
+    """Losses tabled as {N: {M: loss}} (no hyperparameters: the paper's tables do not give them)."""
+    return [Result(n, m, loss) for n, row in table.items() for m, loss in row.items()]
+
+
+def relative_differences(law: PowerLaw, published: tuple[float, ...]) -> tuple[float, ...]:
+    """law's (A, exponents...) over a published (A, exponents...), minus 1: how far a refit of a
+    paper's table lands from the paper's own fit, comparable across coefficients of any size."""
+    return tuple(ours / theirs - 1 for ours, theirs in zip((law.a, *law.exponents), published, strict=True))
 
 
 def best_per_setting(results: list[Result]) -> list[Result]:
@@ -292,19 +319,30 @@ def predictions(fits: dict[str, PowerLaw], n_params: float, replicas: list[int])
     return lines
 
 
-def _plot_panel(axis: plt.Axes, best: list[Result], fits: dict[str, PowerLaw], prefix: str, attribute: str) -> None:
-    """One quantity against N: each group's points, its fitted law, and the joint law at its M."""
-    sizes = np.geomspace(min(r.n_params for r in best), max(r.n_params for r in best), 100)
-    for index, (group, members) in enumerate(_groups(best).items()):
-        color = f"C{index}"
+def _plot_panel(axis: plt.Axes, best: list[Result], fits: dict[str, PowerLaw], prefix: str, attribute: str,
+                held_out: list[Result]) -> None:  # fmt: skip
+    """One quantity against N: each group's points, its fitted law, and the joint law at its M.
+
+    Held-out points (hollow, in their group's colour) are not in the fits: the lines reach out
+    to them, so the gap shows how well each law extrapolates.
+    """
+    held_out = [r for r in held_out if getattr(r, attribute) is not None]
+    points = best + held_out
+    sizes = np.geomspace(min(r.n_params for r in points), max(r.n_params for r in points), 100)
+    colors = {group: f"C{index}" for index, group in enumerate(_groups(points))}
+    for group, members in _groups(best).items():
         known = [r for r in members if getattr(r, attribute) is not None]
-        axis.scatter([r.n_params for r in known], [getattr(r, attribute) for r in known], color=color, label=group)
+        axis.scatter([r.n_params for r in known], [getattr(r, attribute) for r in known], s=16, color=colors[group],
+                     label=group)  # fmt: skip
         lines = [(f"{prefix}(N) {group}", "-"), (f"{prefix}(N)+C {group}", "--")]
         curves = [(fits[name].predict(sizes), style) for name, style in lines if name in fits]
         if attribute == "loss" and "L(N, M)" in fits and members[0].replicas is not None:
             curves.append((fits["L(N, M)"].predict(sizes, members[0].replicas), ":"))
         for values, style in curves:
-            axis.plot(sizes, values, color=color, linestyle=style, linewidth=1)
+            axis.plot(sizes, values, color=colors[group], linestyle=style, linewidth=1)
+    for group, members in _groups(held_out).items():
+        axis.scatter([r.n_params for r in members], [getattr(r, attribute) for r in members],
+                     s=30, facecolors="none", edgecolors=colors[group])  # fmt: skip
     # Plain numbers: over a narrow range log ticks otherwise read 3.4 x 10^0.
     plain = FuncFormatter(lambda value, _: f"{value:,.0f}" if value >= 1000 else f"{value:.3g}")
     axis.yaxis.set_major_formatter(plain)
@@ -312,8 +350,10 @@ def _plot_panel(axis: plt.Axes, best: list[Result], fits: dict[str, PowerLaw], p
     axis.legend(fontsize="small")
 
 
-def plot_fits(results: list[Result], fits: dict[str, PowerLaw], path: Path) -> None:
-    """Loss against N (points and fitted lines per group), with inner LR and batch if fitted."""
+def plot_fits(results: list[Result], fits: dict[str, PowerLaw], path: Path, held_out: list[Result] | None = None) -> None:
+    """Loss against N (points and fitted lines per group), with inner LR and batch if fitted;
+    `held_out` results, not fitted, drawn hollow beside the lines' extrapolation."""
+    held_out = held_out or []
     panels = [("L", "final validation loss", "loss")] + [
         (name, name, attribute)
         for name, attribute in HYPERPARAMETERS
@@ -322,9 +362,10 @@ def plot_fits(results: list[Result], fits: dict[str, PowerLaw], path: Path) -> N
     figure, axes = plt.subplots(1, len(panels), figsize=(6 * len(panels), 4.5), squeeze=False)
     for axis, (prefix, label, attribute) in zip(axes[0], panels):
         axis.set(xscale="log", yscale="log", xlabel="parameters N", ylabel=label)
-        _plot_panel(axis, best_per_setting(results), fits, prefix, attribute)
-    figure.suptitle("points: best run per size and replicas\nlines: A N^alpha (dashed: + C; dotted: A N^alpha M^beta)",
-                    fontsize="medium")  # fmt: skip
+        _plot_panel(axis, best_per_setting(results), fits, prefix, attribute, held_out)
+    hollow = "; hollow: held out, not fitted" if held_out else ""
+    figure.suptitle(f"points: best run per size and replicas{hollow}\n"
+                    "lines: A N^alpha (dashed: + C; dotted: A N^alpha M^beta)", fontsize="medium")  # fmt: skip
     figure.tight_layout()
-    figure.savefig(path, dpi=120)
+    figure.savefig(path, dpi=100)
     plt.close(figure)
