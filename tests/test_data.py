@@ -26,6 +26,7 @@ from data.sources import build_source
 from data.split import ValidationSplit
 from data.token_cache import build_token_cache, open_token_cache
 from data.tokenizers import ByteTokenizer, build_tokenizer
+from launch.errors import DataError
 
 EOS = 256
 WORDS = "the quick brown fox jumps over a lazy dog while seven wizards hum; café naïve über 東京 ✓".split()
@@ -146,7 +147,7 @@ def test_hf_tokenizer_from_local_folder_and_clear_offline_error(tmp_path):
     assert tokenizer.decode(tokenizer.encode(text)) == text
     assert tokenizer.eos_id == library_tokenizer.token_to_id("<|endoftext|>")
     assert tokenizer.vocab_size == 300
-    with pytest.raises(OSError, match=r"data\.tokenizer\.name='no-such-org/no-such-tokenizer'.*network"):
+    with pytest.raises(DataError, match=r"data\.tokenizer\.name='no-such-org/no-such-tokenizer'.*network"):
         build_tokenizer({"kind": "hf", "name": "no-such-org/no-such-tokenizer"}, cache_dir=tmp_path)
 
 
@@ -182,7 +183,7 @@ def test_text_files_split_into_paragraph_documents_skipping_empty_ones(tmp_path)
 
 def test_hub_source_offline_gives_a_clear_error(tmp_path):
     source = build_source({"kind": "hub", "name": "no-such-org/no-such-dataset", "max_documents": 10})
-    with pytest.raises(RuntimeError, match=r"data\.source\.name='no-such-org/no-such-dataset'.*network"):
+    with pytest.raises(DataError, match=r"data\.source\.name='no-such-org/no-such-dataset'.*network"):
         next(source.batches(tmp_path / "hf"))
 
 
