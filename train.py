@@ -1,65 +1,47 @@
 """Train a Llama: compose the Hydra config, check it, build the pieces, fit.
 
-    python train.py                          # tiny model on the embedded corpus
-    python train.py +experiment=baseline     # an experiment from conf/experiment/
-    python train.py -m seed=1,2,3            # a multirun sweep
+    python train.py                                        # tiny model on the embedded corpus
+    python train.py +experiment=adaptive_bs                # an experiment from conf/experiment/
+    python train.py '+technique=[seq_len_warmup,diloco]'   # techniques from conf/technique/
+    python train.py -m seed=1,2,3                          # a multirun sweep
+
+The config is checked before the heavy imports, so a mistake is reported within a couple
+of seconds, as one ``error:`` line with exit code 2 (``launch/cli.py``).
 """
 
-import logging
-import sys
+import shutil
+from pathlib import Path
 
 import hydra
-import lightning as L
-from lightning.pytorch.utilities.exceptions import SIGTERMException
+from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
-from launch.builders import (
-    build_callbacks,
-    build_datamodule,
-    build_loggers,
-    build_module,
-    build_trainer,
-    close_loggers,
-)
-from launch.config_checks import ConfigError, check_config
-from lightning_modules.global_batch import BatchConfigError
+from launch.cli import fail, is_rank_zero, run_cli
+from launch.errors import UserError
+from launch.run_settings import check_config
 
-log = logging.getLogger(__name__)
-
-
-def train(cfg: DictConfig) -> dict[str, float]:
-    """Run one training job; returns the final metrics (used by sweeps)."""
-    settings = check_config(cfg)
-    L.seed_everything(cfg.seed, workers=True, verbose=False)
-    datamodule = build_datamodule(cfg)
-    module = build_module(cfg, settings, datamodule.vocab_size)
-    callbacks = build_callbacks(cfg)
-    loggers = build_loggers(cfg)
-    trainer = build_trainer(cfg, loggers, callbacks)
-    try:
-        trainer.fit(module, datamodule=datamodule, ckpt_path=cfg.get("ckpt_path"))
-    except SIGTERMException:
-        log.info("stopped by SIGTERM after saving a checkpoint")
-    finally:
-        close_loggers(loggers)
-    metrics = {key: float(value) for key, value in trainer.callback_metrics.items()}
-    if trainer.is_global_zero and "val/loss" in metrics:
-        log.info(
-            "finished at step %d after %d tokens: val/loss %.4f (nats per token); outputs in %s",
-            module.clock.steps, module.clock.tokens, metrics["val/loss"], trainer.default_root_dir,
-        )
-    return metrics
+HYDRA_ONLY = {".hydra", "train.log"}  # what Hydra writes into a run folder before the run starts
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="train")
 def main(cfg: DictConfig) -> float | None:
     try:
-        metrics = train(cfg)
-    except (ConfigError, BatchConfigError) as error:
-        log.error("config error: %s", error)
-        sys.exit(2)
-    return metrics.get("val/loss")
+        settings = check_config(cfg)
+        from launch.training import train  # Lightning, torch, datasets: only for a valid config
+
+        return train(cfg, settings).get("val/loss")
+    except UserError as error:  # reported here, not by Hydra, which would add its own line
+        if is_rank_zero():
+            remove_empty_run_folder()
+        fail(str(error))
+
+
+def remove_empty_run_folder() -> None:
+    """A run that failed before it wrote anything leaves no folder behind."""
+    folder = Path(HydraConfig.get().runtime.output_dir)
+    if folder.is_dir() and {path.name for path in folder.iterdir()} <= HYDRA_ONLY:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 if __name__ == "__main__":
-    main()
+    run_cli(main)

@@ -46,6 +46,16 @@ COLUMNS = (
 )
 
 
+def evaluation_keys(runs: list[Run]) -> list[str]:
+    """The downstream evaluation metrics (``eval/<task>/<metric>``) any run logged."""
+    return sorted({key for run in runs for row in run.rows for key in row if key.startswith("eval/")})
+
+
+def plots_for(runs: list[Run]) -> list[Plot]:
+    """The standard plots, and one per evaluation metric the runs logged."""
+    return [*PLOTS, *(Plot(key, key, key.replace("/", "_") + ".png") for key in evaluation_keys(runs))]
+
+
 def run_labels(runs: list[Run]) -> list[str]:
     """Short, distinct names: each run's overrides minus those every run shares.
 
@@ -86,11 +96,13 @@ def _cell(value: float | None) -> str:
 
 
 def final_table(runs: list[Run], labels: list[str]) -> str:
-    """Markdown table: one row per run, its last value of each metric ('-' if never logged)."""
-    header = ["run", *(name for name, _ in COLUMNS)]
+    """Markdown table: one row per run, its last value of each metric ('-' if never logged),
+    evaluation metrics included."""
+    columns = [*COLUMNS, *((key, key) for key in evaluation_keys(runs))]
+    header = ["run", *(name for name, _ in columns)]
     lines = [f"| {' | '.join(header)} |", f"|{'---|' * len(header)}"]
     for label, run in zip(labels, runs):
-        cells = [label.replace("|", "\\|"), *(_cell(run.final(key)) for _, key in COLUMNS)]
+        cells = [label.replace("|", "\\|"), *(_cell(run.final(key)) for _, key in columns)]
         lines.append(f"| {' | '.join(cells)} |")
     return "\n".join(lines)
 
@@ -126,7 +138,7 @@ def write_report(runs: list[Run], out: Path) -> list[str]:
     out.mkdir(parents=True, exist_ok=True)
     labels = run_labels(runs)
     written, skipped = [], []
-    for plot in PLOTS:
+    for plot in plots_for(runs):
         if plot_metric(runs, labels, plot, out / plot.file):
             written.append(plot)
         else:

@@ -11,7 +11,7 @@ Forms, each fitted by least squares:
 - the best inner learning rate and batch as power laws of N: for each N the setting of
   the run with the lowest loss, then `value = a N^b` as above.
 
-Data-parallel runs (no `diloco` section in their config) and each replica count M are
+Data-parallel runs (no `technique.diloco` section in their config) and each replica count M are
 fitted separately, as the paper does; only the joint form mixes values of M.
 """
 
@@ -210,7 +210,7 @@ def result_of(run: Run) -> Result | None:
     batch, seq_len = run.setting("batch.global_batch_size"), run.setting("data.seq_len")
     return Result(
         n_params=parameter_count(run.setting("model")),
-        replicas=run.setting("diloco.replicas") if isinstance(run.setting("diloco"), dict) else None,
+        replicas=run.setting("technique.diloco.replicas"),
         loss=loss,
         lr=run.setting("optimizer.lr"),
         batch_tokens=batch * seq_len if batch and seq_len else None,

@@ -18,6 +18,14 @@ from omegaconf import DictConfig, OmegaConf
 
 from launch.errors import ConfigError
 
+MIN_SEQ_LEN = 8
+
+
+def check_seq_len(seq_len: Any) -> None:
+    """The packed row length: rows shorter than this train nothing useful (checked before any import of note)."""
+    if isinstance(seq_len, bool) or not isinstance(seq_len, int) or seq_len < MIN_SEQ_LEN:
+        raise ConfigError(f"data.seq_len must be an integer >= {MIN_SEQ_LEN}, got {seq_len!r}")
+
 
 def as_plain_dict(cfg: Any, setting: str) -> dict[str, Any]:
     """Return `cfg` as a plain dict, so Hydra's DictConfig and plain dicts behave alike."""

@@ -19,7 +19,7 @@ import lightning as L
 from torch.utils.data import DataLoader
 
 from data.batches import TrainBatches, ValidationBatches
-from data.config_checks import as_plain_dict
+from data.config_checks import as_plain_dict, check_seq_len
 from data.fingerprint import digest_json
 from data.packing import PackedRows
 from data.sampler import ResumableRankSampler, check_position
@@ -29,7 +29,6 @@ from data.token_cache import HF_DATASETS_SUBDIR, build_token_cache, cache_finger
 from data.tokenizers import Tokenizer, build_tokenizer, check_tokenizer_config
 from launch.errors import CheckpointError, ConfigError, DataError
 
-MIN_SEQ_LEN = 8
 
 
 class TextDataModule(L.LightningDataModule):
@@ -49,15 +48,16 @@ class TextDataModule(L.LightningDataModule):
 
     def __init__(
         self,
+        *,
         source: Mapping[str, Any],
         tokenizer: Mapping[str, Any],
-        seq_len: int = 256,
-        micro_batch_size: int = 8,
-        val_fraction: float = 0.005,
-        val_max_rows: int | None = None,
-        shuffle: bool = True,
-        seed: int = 0,
-        cache_dir: str = ".cache/data",
+        seq_len: int,
+        micro_batch_size: int,
+        val_fraction: float,
+        val_max_rows: int | None,
+        shuffle: bool,
+        seed: int,
+        cache_dir: str,
     ) -> None:
         super().__init__()
         # Saved into checkpoints (``datamodule_hyper_parameters``), so tools that read a
@@ -176,15 +176,15 @@ class TextDataModule(L.LightningDataModule):
     def rows_consumed(self) -> int:
         """Global rows consumed by all ranks together: the position in the global order.
 
-        Under a training module that keeps a clock (`LlamaLightningModule`), the position
-        is the clock's sequence count: rows consumed by *completed* optimizer steps. A
+        Under a training module with a training state (`LlamaLightningModule`), the position
+        is its clock's sequence count: rows consumed by *completed* optimizer steps. A
         checkpoint taken in the middle of gradient accumulation (preemption, an epoch end)
         then resumes exactly: the partial step's micro-batches are read again. Without
         one, it is the sampler's position.
         """
-        clock = getattr(self.trainer.lightning_module, "clock", None) if self.trainer is not None else None
-        if clock is not None:
-            return clock.sequences
+        state = getattr(self.trainer.lightning_module, "training_state", None) if self.trainer is not None else None
+        if state is not None:
+            return state.clock.sequences
         return self._sampler.position if self._sampler is not None else self._start_position
 
     def state_dict(self) -> dict[str, Any]:
@@ -266,10 +266,9 @@ def _check_settings(
     seq_len: int, micro_batch_size: int, val_fraction: float, val_max_rows: int | None, shuffle: bool, seed: int
 ) -> None:
     """Reject bad scalar settings before anything is read or tokenized."""
-    if not _is_int(seq_len) or seq_len < MIN_SEQ_LEN:
-        raise ConfigError(f"data.seq_len must be an integer >= {MIN_SEQ_LEN}, got {seq_len!r}")
+    check_seq_len(seq_len)
     if not _is_int(micro_batch_size) or micro_batch_size < 1:
-        raise ConfigError(f"data.micro_batch_size must be an integer >= 1, got {micro_batch_size!r}")
+        raise ConfigError(f"batch.micro_batch_size must be an integer >= 1, got {micro_batch_size!r}")
     if isinstance(val_fraction, bool) or not isinstance(val_fraction, (int, float)) or not 0 < val_fraction < 0.5:
         raise ConfigError(f"data.val_fraction must be a number in (0, 0.5), got {val_fraction!r}")
     if val_max_rows is not None and (not _is_int(val_max_rows) or val_max_rows < 1):

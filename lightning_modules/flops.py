@@ -18,15 +18,23 @@ recomputes: one more forward of every checkpointed block (``full``) or MLP (``ml
 
 from lightning_modules.llama import LlamaConfig, count_parameters
 
-# Dense bf16 peak FLOP/s per device (no structured sparsity), from the vendors' data sheets.
+# Dense bf16 peak FLOP/s per device (no structured sparsity), from the vendors' data sheets,
+# by the exact name ``torch.cuda.get_device_name`` reports: a substring match would give an
+# L40S the L4's peak. Other devices log no MFU unless ``peak_flops_per_device`` is set.
 PEAK_FLOPS: dict[str, float] = {
-    "H200": 989e12,
-    "H100 SXM": 989e12,
-    "H100 PCIe": 756e12,
-    "H100 NVL": 835e12,
-    "A100": 312e12,
-    "A10G": 125e12,
-    "L4": 121e12,
+    "NVIDIA H100 80GB HBM3": 989e12,  # H100 SXM
+    "NVIDIA H100 PCIe": 756e12,
+    "NVIDIA H100 NVL": 835e12,
+    "NVIDIA H200": 989e12,
+    "NVIDIA H200 NVL": 835e12,
+    "NVIDIA GH200 480GB": 989e12,
+    "NVIDIA A100-SXM4-80GB": 312e12,
+    "NVIDIA A100-SXM4-40GB": 312e12,
+    "NVIDIA A100 80GB PCIe": 312e12,
+    "NVIDIA A100-PCIE-40GB": 312e12,
+    "NVIDIA L40S": 362e12,
+    "NVIDIA L4": 121e12,
+    "NVIDIA A10": 125e12,
 }
 
 
@@ -65,13 +73,5 @@ def recomputed_flops_per_token(config: LlamaConfig, seq_len: int, activation_che
 
 
 def peak_flops(device_name: str) -> float | None:
-    """Peak bf16 FLOP/s for a CUDA device name such as 'NVIDIA H100 80GB HBM3', or None."""
-    name = device_name.upper()
-    if "H100" in name:
-        if "PCIE" in name:
-            return PEAK_FLOPS["H100 PCIe"]
-        return PEAK_FLOPS["H100 NVL"] if "NVL" in name else PEAK_FLOPS["H100 SXM"]
-    for key, value in PEAK_FLOPS.items():
-        if key.upper() in name:
-            return value
-    return None
+    """Peak bf16 FLOP/s of a CUDA device by its exact name (e.g. 'NVIDIA H100 80GB HBM3'), or None."""
+    return PEAK_FLOPS.get(device_name.strip())

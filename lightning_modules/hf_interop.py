@@ -12,7 +12,7 @@ import json
 import re
 import warnings
 from collections.abc import Mapping
-from dataclasses import fields, replace
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -51,17 +51,40 @@ _IGNORED_HF_SUFFIX = "rotary_emb.inv_freq"
 _WRAPPER_NAME_PARTS = ("_orig_mod.", "_checkpoint_wrapped_module.")
 
 
+@dataclass(frozen=True)
+class TokenizerIds:
+    """What an exported model's configs must know of its tokenizer.
+
+    ``vocab_size`` is the number of ids the tokenizer produces: the model's embedding has
+    more rows (rounded up to a multiple of 64 for fast matmuls), and the rows beyond are no
+    token, so generation must never pick them. Training packs documents separated by the
+    end-of-document token only, so ``eos_id`` is what ends a generated document.
+    """
+
+    vocab_size: int
+    eos_id: int
+    bos_id: int
+    pad_id: int
+
+    def config_entries(self) -> dict[str, int]:
+        """The special-token ids as transformers' config keys name them."""
+        return {"bos_token_id": self.bos_id, "eos_token_id": self.eos_id, "pad_token_id": self.pad_id}
+
+
 def to_hf_config_dict(
     config: LlamaConfig,
     max_position_embeddings: int = DEFAULT_MAX_POSITION_EMBEDDINGS,
     torch_dtype: str = "float32",
+    tokenizer_ids: TokenizerIds | None = None,
 ) -> dict[str, Any]:
-    """A Hugging Face ``config.json`` dict describing ``config``.
+    """A Hugging Face ``config.json`` dict describing ``config``, with the special-token ids
+    when ``tokenizer_ids`` is given.
 
     ``rope_theta`` is written at the top level, which both transformers 4.x and 5.x read.
     """
     if config.vocab_size is None:
         raise ValueError("LlamaConfig.vocab_size is None; fill it in from the tokenizer before exporting.")
+    special = tokenizer_ids.config_entries() if tokenizer_ids is not None else {}
     return {
         "architectures": ["LlamaForCausalLM"],
         "model_type": "llama",
@@ -81,7 +104,15 @@ def to_hf_config_dict(
         "torch_dtype": torch_dtype,
         "attention_bias": False,
         "mlp_bias": False,
+        **special,
     }
+
+
+def to_hf_generation_config_dict(config: LlamaConfig, tokenizer_ids: TokenizerIds) -> dict[str, Any]:
+    """A ``generation_config.json`` dict: ``generate()`` stops at the end-of-document token and
+    never emits the padded embedding rows (``suppress_tokens`` sets their logits to -inf)."""
+    padded_ids = list(range(tokenizer_ids.vocab_size, config.vocab_size or 0))
+    return {**tokenizer_ids.config_entries(), **({"suppress_tokens": padded_ids} if padded_ids else {})}
 
 
 def _reject_unsupported_hf_features(d: Mapping[str, Any]) -> None:
@@ -203,8 +234,11 @@ def save_hf_pretrained(
     model: Llama,
     out_dir: str | Path,
     max_position_embeddings: int = DEFAULT_MAX_POSITION_EMBEDDINGS,
+    tokenizer_ids: TokenizerIds | None = None,
 ) -> None:
-    """Write ``config.json`` and ``model.safetensors`` loadable by ``LlamaForCausalLM.from_pretrained``.
+    """Write ``config.json`` and ``model.safetensors`` loadable by ``LlamaForCausalLM.from_pretrained``,
+    and with ``tokenizer_ids`` also ``generation_config.json`` (the tokenizer files themselves
+    are written by ``data.tokenizer_export``).
 
     Tied embeddings are stored once (as ``model.embed_tokens.weight``), the way Hugging Face
     saves tied models; tensors are written contiguous and on the CPU, in the model's dtype.
@@ -216,8 +250,11 @@ def save_hf_pretrained(
         del tensors["lm_head.weight"]
     tensors = {key: t.detach().to("cpu").contiguous() for key, t in tensors.items()}
     dtype = str(model.tok_embeddings.weight.dtype).removeprefix("torch.")
-    config_dict = to_hf_config_dict(model.config, max_position_embeddings, torch_dtype=dtype)
+    config_dict = to_hf_config_dict(model.config, max_position_embeddings, dtype, tokenizer_ids)
     (out_dir / "config.json").write_text(json.dumps(config_dict, indent=2) + "\n")
+    if tokenizer_ids is not None:
+        generation = to_hf_generation_config_dict(model.config, tokenizer_ids)
+        (out_dir / "generation_config.json").write_text(json.dumps(generation, indent=2) + "\n")
     save_file(tensors, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
 
 
@@ -308,8 +345,28 @@ def _load_distributed_checkpoint(folder: Path) -> dict[str, Any]:
     return checkpoint
 
 
+@dataclass(frozen=True)
+class CheckpointContents:
+    """A Lightning checkpoint of this project, read for tools that work from it alone.
+
+    ``metadata`` holds every other entry of the checkpoint (``datamodule_hyper_parameters``,
+    the training clock, the optimizer state, ...): everything but the model weights.
+    """
+
+    config: LlamaConfig
+    state_dict: dict[str, torch.Tensor]
+    metadata: dict[str, Any]
+
+
 def load_lightning_checkpoint(path: str | Path) -> tuple[LlamaConfig, dict[str, torch.Tensor]]:
-    """Our config and model state dict from a Lightning checkpoint of this project.
+    """Our config and model state dict from a Lightning checkpoint of this project
+    (see ``read_lightning_checkpoint``)."""
+    contents = read_lightning_checkpoint(path)
+    return contents.config, contents.state_dict
+
+
+def read_lightning_checkpoint(path: str | Path) -> CheckpointContents:
+    """Our config, model state dict and the other entries of a Lightning checkpoint of this project.
 
     ``path`` is a ``.ckpt`` file or a distributed-checkpoint folder (ModelParallelStrategy).
     The checkpoint is unpickled (``weights_only=False``: hyper-parameters may hold config
@@ -329,4 +386,5 @@ def load_lightning_checkpoint(path: str | Path) -> tuple[LlamaConfig, dict[str, 
     if config.vocab_size is None and "tok_embeddings.weight" in state_dict:
         # A config saved before the tokenizer filled it in: the embedding table knows.
         config = replace(config, vocab_size=state_dict["tok_embeddings.weight"].shape[0])
-    return config, state_dict
+    metadata = {key: value for key, value in checkpoint.items() if key != "state_dict"}
+    return CheckpointContents(config, state_dict, metadata)

@@ -14,12 +14,14 @@ as Hugging Face's model does when it is given position ids without an attention 
 
 from __future__ import annotations
 
+import hashlib
 import math
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.distributed.tensor import DTensor, distribute_tensor
 
 # Llama rounds its SwiGLU width up to a multiple of 256 so the matmuls tile well on GPUs.
 MLP_MULTIPLE_OF = 256
@@ -227,6 +229,60 @@ class TransformerBlock(nn.Module):
         return x + self.mlp(self.mlp_norm(x))
 
 
+# Prefixes that wrappers insert into parameter names: activation checkpointing, torch.compile
+# of a whole module, FSDP1. Seeds are derived from names without them.
+WRAPPER_PREFIXES = ("_checkpoint_wrapped_module.", "_orig_mod.", "_fsdp_wrapped_module.")
+
+
+def canonical_parameter_name(name: str) -> str:
+    """The parameter's name in a bare ``Llama`` (as in its state dict), whatever wraps it."""
+    for prefix in WRAPPER_PREFIXES:
+        name = name.replace(prefix, "")
+    return name
+
+
+def parameter_seed(seed: int, name: str) -> int:
+    """A 63-bit generator seed for one parameter.
+
+    A cryptographic hash of (seed, name), not Python's ``hash`` (salted per process), so
+    every rank and every run derives the same seed, and neighbouring seeds or names give
+    unrelated streams.
+    """
+    digest = hashlib.sha256(f"{seed}:{name}".encode()).digest()
+    return int.from_bytes(digest[:8], "little") & (2**63 - 1)
+
+
+def seed_from_global_rng() -> int:
+    """One initialisation seed drawn from torch's (CPU) global RNG.
+
+    Drawn on the CPU whatever the default device, so ranks seeded alike (Lightning's
+    ``seed_everything``) draw the same seed on any hardware, and building on the meta device
+    first and drawing afterwards gives the seed that building on a real device would have.
+    """
+    return int(torch.randint(2**63 - 1, (), device="cpu"))
+
+
+@torch.no_grad()
+def init_parameter(param: torch.Tensor, name: str, std: float | None, seed: int) -> None:
+    """Fill ``param`` with ones (``std`` None) or its N(0, std) draw for (seed, name).
+
+    The full tensor is drawn in fp32 on the parameter's device, whatever the parameter's
+    dtype or sharding, so a bf16 or sharded parameter holds exactly the rounding or the slice
+    of the same values. For a DTensor, ``distribute_tensor(..., src_data_rank=None)`` cuts
+    this rank's slice locally with DTensor's own placement rules (the ones FSDP2 shards
+    with, uneven splits included); every rank drew the same full tensor, so nothing needs
+    to be communicated. Peak memory: one full fp32 tensor besides the shards.
+    """
+    if std is None:
+        param.fill_(1.0)
+        return
+    generator = torch.Generator(device=param.device).manual_seed(parameter_seed(seed, name))
+    full = torch.empty(param.shape, dtype=torch.float32, device=param.device).normal_(0.0, std, generator=generator)
+    if isinstance(param, DTensor):
+        full = distribute_tensor(full, param.device_mesh, param.placements, src_data_rank=None)
+    param.copy_(full)
+
+
 class Llama(nn.Module):
     """Token ids -> next-token logits. The loss lives in the training module."""
 
@@ -238,12 +294,18 @@ class Llama(nn.Module):
                 "(e.g. dataclasses.replace(config, vocab_size=len(tokenizer))) before building Llama."
             )
         self.config = config
+        # The seed is drawn before the submodules exist, whose default initialisation consumes
+        # the global RNG on a real device, so that building on meta and drawing the seed
+        # afterwards draws the same one. On meta nothing is drawn: meta builds (parameter
+        # counts, export, meta init) must not shift the global RNG that ranks share.
+        seed = None if torch.get_default_device().type == "meta" else seed_from_global_rng()
         self.tok_embeddings = nn.Embedding(config.vocab_size, config.d_model)
         self.layers = nn.ModuleList(TransformerBlock(config) for _ in range(config.n_layers))
         self.norm = RMSNorm(config.d_model, config.norm_eps)
         self.output = nn.Linear(config.d_model, config.vocab_size, bias=False)
         self.tie_weights()
-        self.init_weights()
+        if seed is not None:
+            self.init_weights(seed)
 
     def tie_weights(self) -> None:
         """With ``tie_embeddings``, make the output projection the very embedding Parameter.
@@ -255,29 +317,54 @@ class Llama(nn.Module):
         if self.config.tie_embeddings:
             self.output.weight = self.tok_embeddings.weight
 
-    def init_weights(self) -> None:
-        """Initialise all weights; deterministic given torch's global seed.
+    def init_weights(self, seed: int | None = None) -> None:
+        """Initialise all weights from ``seed`` (None: one seed drawn from torch's global RNG,
+        so ``torch.manual_seed(s); Llama(config)`` stays deterministic).
 
         Embeddings and linear weights are drawn from N(0, init_std). The two projections that
         write into the residual stream (``o_proj`` and ``down_proj``) use
         init_std / sqrt(2 * n_layers) instead (GPT-2 / Megatron scaled init): each block adds
         two such outputs to the stream, so without the scaling the residual's variance grows
         with depth and deep models start with exploding activations. Norm gains start at 1.
-        Safe to call again after materialising a meta-device model (``to_empty``).
+
+        Each parameter is drawn whole from its own generator, seeded from (seed, its name),
+        and then written into the parameter or, for an FSDP2 DTensor, into this rank's shard
+        (``init_parameter``). The values therefore depend on the seed, the names and the
+        device's RNG only: not on the order of initialisation, on wrappers (checkpointing,
+        compile, FSDP) or on how the parameters are sharded. That is what lets a model
+        materialised from the meta device shard by shard (``meta_init.py``) equal one built
+        whole on the same device.
         """
+        if seed is None:
+            seed = seed_from_global_rng()
+        for name, param, std in self.init_plan():
+            init_parameter(param, name, std, seed)
+
+    def init_plan(self) -> list[tuple[str, nn.Parameter, float | None]]:
+        """Every parameter once (a tied one under its first name), with its layout-independent
+        name (``canonical_parameter_name``) and initial std; None means a gain of ones."""
         std = self.config.init_std
         residual_std = std / math.sqrt(2 * self.config.n_layers)
-        for name, module in self.named_modules():
-            if isinstance(module, RMSNorm):
-                module.reset_parameters()
-            elif isinstance(module, (nn.Linear, nn.Embedding)):
-                writes_residual = name.endswith((".o_proj", ".down_proj"))
-                nn.init.normal_(module.weight, mean=0.0, std=residual_std if writes_residual else std)
+        gains = {id(p) for module in self.modules() if isinstance(module, RMSNorm) for p in module.parameters()}
+        plan = []
+        for wrapped_name, param in self.named_parameters():
+            name = canonical_parameter_name(wrapped_name)
+            if id(param) in gains:
+                plan.append((name, param, None))
+            else:
+                writes_residual = name.endswith((".o_proj.weight", ".down_proj.weight"))
+                plan.append((name, param, residual_std if writes_residual else std))
+        return plan
 
-    def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(
+        self, input_ids: torch.Tensor, position_ids: torch.Tensor | None = None, labels: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """``input_ids``: [b, T] int64; ``position_ids``: [b, T] (default 0..T-1 in every row).
 
-        Returns logits [b, T, vocab_size].
+        Returns logits [b, T, vocab_size]; with ``labels`` ([b, T], -100 = not predicted),
+        the mean next-token cross-entropy in fp32 instead, computed by ``loss_kernel``.
+        The loss is taken inside ``forward`` so that a sharded model (FSDP) has the output
+        projection gathered while a fused kernel uses it.
         """
         if position_ids is None:
             position_ids = torch.arange(input_ids.size(1), device=input_ids.device).unsqueeze(0)
@@ -286,7 +373,19 @@ class Llama(nn.Module):
         h = self.tok_embeddings(input_ids)
         for layer in self.layers:
             h = layer(h, cos, sin)
-        return self.output(self.norm(h))
+        h = self.norm(h)
+        if labels is None:
+            return self.output(h)
+        return self.loss_kernel(h.flatten(0, 1), self.output.weight, labels.flatten())
+
+    @staticmethod
+    def loss_kernel(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        """Cross-entropy of ``hidden @ weight.T`` in fp32 (the plain path: the logits exist whole).
+
+        The layout may replace it on an instance with a fused kernel of the same signature
+        (``lightning_modules/parallelism.py``).
+        """
+        return F.cross_entropy(F.linear(hidden, weight).float(), labels)
 
 
 def count_parameters(config: LlamaConfig, include_embedding: bool = True) -> int:

@@ -1,14 +1,16 @@
-"""The LightningModule that trains a Llama and owns the shared training knobs.
-
-Knobs (see DESIGN.md, "Shape"): the clock, the global batch, the training sequence
-length, the token-based LR schedule and the token budget. Callbacks change training only
-through these.
+"""The LightningModule that trains a Llama: one optimizer step at a time, over micro-batches.
 
 Each ``training_step`` is one micro-batch; the module owns gradient accumulation (manual
-optimization), because the number of micro-batches per optimizer step changes whenever
-the global batch does, which Lightning's ``accumulate_grad_batches`` cannot express.
+optimization) because the number of micro-batches per optimizer step changes whenever the
+global batch does, which Lightning's ``accumulate_grad_batches`` cannot express.
+
+The module keeps the ``TrainingState`` (``lightning_modules/training_state.py``): the
+shared knobs that techniques turn, the step in progress and its metrics. It advances the
+state and calls the step-level hooks of ``callbacks/step_callback.py`` in a fixed order
+(``docs/step_anatomy.md``); techniques never touch the module itself.
 """
 
+import logging
 import math
 import warnings
 from dataclasses import asdict
@@ -16,20 +18,29 @@ from typing import Any
 
 import lightning as L
 import torch
-import torch.nn.functional as F
 from lightning.pytorch.strategies import FSDPStrategy
-from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 from torch.distributed.fsdp.wrap import wrap
-from torch.nn.parallel import DistributedDataParallel
 
-from lightning_modules.clock import TrainingClock
+from callbacks.step_callback import StepCallback
+from launch.resume import resume_notes
 from lightning_modules.global_batch import BatchConfig, GlobalBatch
-from lightning_modules.llama import Llama, LlamaConfig
+from lightning_modules.llama import Llama, LlamaConfig, seed_from_global_rng
+from lightning_modules.meta_init import fsdp1_param_init_fn, materialize_and_init
 from lightning_modules.lr_schedule import LRScheduleConfig, learning_rate
-from lightning_modules.optim import OptimizerConfig, build_optimizer
-from lightning_modules.parallelism import LayoutConfig, apply_layout, attention_backend, clip_grad_norm
+from lightning_modules.optim import OptimizerConfig, apply_settings, build_optimizer
+from lightning_modules.parallelism import (
+    LayoutConfig,
+    apply_layout,
+    attention_backend,
+    clip_grad_norm,
+    data_parallel_mesh,
+    set_gradient_sync,
+)
+from lightning_modules.training_state import TrainingState
 
-PROGRESS_BAR_KEYS = ("train/loss", "train/tokens_seen", "perf/tokens_per_sec")
+PROGRESS_BAR_KEYS = ("train/loss", "perf/tokens_per_sec")
+log = logging.getLogger(__name__)
 
 # ModelCheckpoint warns that under manual optimization it saves the state after the
 # optimizer step: that is the state the clock in the checkpoint describes.
@@ -41,8 +52,12 @@ class LlamaLightningModule(L.LightningModule):
 
     Args:
         model: the architecture; ``vocab_size`` must be filled in.
-        optimizer, lr_schedule, batch, layout: settings of their Hydra groups.
+        optimizer, lr_schedule, batch, layout: the run's settings of those names.
+        micro_batch_size: the micro-batch every rank runs (resolved from ``batch``).
         token_budget: training stops once this many tokens were seen (all ranks).
+        sequential_replicas: optimizer steps per global step (simulated DiLoCo replicas).
+        batch_scheduled: a technique sets the global batch (so a resumed run keeps the
+            checkpoint's instead of the configured one).
         init_state_dict: weights to start from (e.g. converted Hugging Face weights);
             applied when the model is built, before any sharding.
     """
@@ -54,7 +69,10 @@ class LlamaLightningModule(L.LightningModule):
         lr_schedule: LRScheduleConfig,
         batch: BatchConfig,
         layout: LayoutConfig,
-        token_budget: int | None = None,
+        micro_batch_size: int,
+        token_budget: int | None,
+        sequential_replicas: int = 1,
+        batch_scheduled: bool = False,
         init_state_dict: dict[str, torch.Tensor] | None = None,
     ) -> None:
         super().__init__()
@@ -66,88 +84,92 @@ class LlamaLightningModule(L.LightningModule):
                 "lr_schedule": asdict(lr_schedule),
                 "batch": asdict(batch),
                 "layout": asdict(layout),
+                "micro_batch_size": micro_batch_size,
                 "token_budget": token_budget,
+                "sequential_replicas": sequential_replicas,
             }
         )
         self.model_config, self.optimizer_config = model, optimizer
         self.lr_schedule, self.batch_config, self.layout = lr_schedule, batch, layout
-        self.token_budget = token_budget
         self._init_state_dict = init_state_dict
+        self.batch_scheduled = batch_scheduled
         self.model: Llama | None = None
-
-        self.clock = TrainingClock()
-        self.global_batch = GlobalBatch(batch)
-        self.train_seq_len: int | None = None  # None: train on the full packed length
-        self.seq_len_mode = "truncate"  # how rows are cut to train_seq_len: truncate | reshape
-        self.seq_len_varies = False  # set by techniques that change the length during training
-        self._micro_index = 0  # micro-batch within the current optimizer step
+        global_batch = GlobalBatch(batch, micro_batch_size, sequential_replicas=sequential_replicas)
+        self.training_state = TrainingState(global_batch, token_budget, model, layout, log_every_n_steps=1)
         self._step_loss = torch.zeros(())
         self._step_tokens = 0
-        self.trained_seq_len = 0  # sequence length of the last micro-batch trained on
-        self.step_metrics: dict[str, float] = {}  # this step's metrics; callbacks may add to it
-        self.log_this_step = False  # callbacks set it to log this step's metrics off the usual interval
-        # DiLoCo: ranks form `replica_groups` replicas that never sync gradients; FSDP2
-        # shards only within a replica (mesh replica x shard, kept in `replica_mesh`).
-        self.replica_groups = 1
-        self.replica_mesh = None
-        # Simulated replicas take turns: `turns_per_step` optimizer steps make one step of
-        # the LR schedule, which reads the tokens seen when that global step began.
-        self.turns_per_step = 1
-        self._schedule_tokens = 0
+        self._grad_norm = torch.zeros(())
+
+    @property
+    def step_callbacks(self) -> list[StepCallback]:
+        """The callbacks that receive the step-level hooks, in the trainer's order."""
+        if self._trainer is None:
+            return []
+        return [callback for callback in self.trainer.callbacks if isinstance(callback, StepCallback)]
 
     # ---------------------------------------------------------------- model building
     def configure_model(self) -> None:
-        """Build the model (once) and lay it out: checkpointing, compile, FSDP2 sharding."""
+        """Build the model (once) without any rank holding it whole, and lay it out.
+
+        The model is created on the meta device, laid out (kernels, checkpointing, compile,
+        FSDP2 sharding), then given storage and initialised shard by shard
+        (``meta_init.py``): the same weights as a model built whole from the same seed.
+        """
         if self.model is not None:
             return
-        self.model = Llama(self.model_config)
-        if self._init_state_dict is not None:
-            self.model.load_state_dict(self._init_state_dict)
-            self._init_state_dict = None
-        apply_layout(self.model, self.layout, mesh=self._shard_mesh(), dynamic_seq_len=self.seq_len_varies)
+        with torch.device("meta"):
+            model = Llama(self.model_config)
+        dynamic = any(callback.varies_sequence_length for callback in self.step_callbacks)
+        mesh = self._shard_mesh()
+        apply_layout(model, self.layout, mesh=mesh, dynamic_seq_len=dynamic)
+        seed = seed_from_global_rng()
         if self._trainer is not None and isinstance(self.trainer.strategy, FSDPStrategy):
             # Wrap the model itself (with the strategy's settings, which Lightning puts in
             # effect around configure_model) so Lightning does not wrap this module: its
             # training_step runs backward, which FSDP1 forbids inside a root forward.
-            self.model = wrap(self.model)
+            model = wrap(model, param_init_fn=fsdp1_param_init_fn(model, seed))
+        else:
+            materialize_and_init(model, self._build_device, seed)
+        if self._init_state_dict is not None:
+            set_model_state_dict(model, self._init_state_dict, options=StateDictOptions(full_state_dict=True))
+            self._init_state_dict = None
+        self.model = self.training_state.model = model
+        self.training_state.gradient_group_size = mesh.size() if mesh is not None else self._world_size
+
+    @property
+    def _build_device(self) -> torch.device:
+        """Where the weights live: the strategy's device (a GPU, or the CPU)."""
+        return self.trainer.strategy.root_device if self._trainer is not None else torch.device("cpu")
+
+    @property
+    def _world_size(self) -> int:
+        return self.trainer.world_size if self._trainer is not None else 1
 
     def _shard_mesh(self):
-        """The mesh FSDP2 shards over under ModelParallelStrategy (None: no sharding).
-
-        With DiLoCo replica groups, a (replica, shard) mesh is built and only its shard
-        dimension shards, so inner steps never communicate across replicas. A replica of one
-        rank still gets FSDP2 on its 1-rank mesh: nothing is communicated, and Lightning's
-        checkpointing, which expects distributed parameters, works unchanged.
-        """
-        mesh = self.device_mesh
-        if mesh is None:
-            return None
-        if mesh.mesh_dim_names and "tensor_parallel" in mesh.mesh_dim_names:
-            if mesh["tensor_parallel"].size() != 1:
-                raise ValueError("tensor parallelism is not supported: set strategy.tensor_parallel_size=1.")
-            mesh = mesh["data_parallel"]
-        if self.replica_groups == 1:
-            return mesh
-        shards = mesh.size() // self.replica_groups
-        self.replica_mesh = init_device_mesh(
-            mesh.device_type, (self.replica_groups, shards), mesh_dim_names=("replica", "shard")
-        )
-        return self.replica_mesh["shard"]
+        """The mesh FSDP2 shards over (None: no sharding); techniques may narrow it."""
+        mesh = data_parallel_mesh(self.device_mesh)
+        if mesh is not None:
+            for callback in self.step_callbacks:
+                mesh = callback.shard_mesh(mesh)
+        return mesh
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
-        return build_optimizer(self.model, self.optimizer_config)
+        optimizer = build_optimizer(self.model, self.optimizer_config, fused=self.layout.fused_adamw)
+        self.training_state.optimizer = optimizer
+        return optimizer
 
     def setup(self, stage: str) -> None:
         """Fix the data-parallel size, now known, into the global batch arithmetic."""
-        if stage == "fit":
-            state = self.global_batch.state_dict()
-            self.global_batch = GlobalBatch(self.batch_config, data_parallel_size=self.data_parallel_size)
-            self.global_batch.load_state_dict(state)
-
-    @property
-    def data_parallel_size(self) -> int:
-        """Ranks that each read different data: all of them (DDP and FSDP shard data)."""
-        return self.trainer.world_size if self._trainer is not None else 1
+        if stage != "fit":
+            return
+        state = self.training_state
+        previous = state.global_batch
+        state.global_batch = GlobalBatch(
+            self.batch_config, previous.micro_batch_size, self.trainer.world_size, previous.sequential_replicas
+        )
+        state.global_batch.load_state_dict(previous.state_dict())
+        state.log_every_n_steps = self.trainer.log_every_n_steps
+        state.device = self.device
 
     # ---------------------------------------------------------------- forward / loss
     def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor | None = None) -> torch.Tensor:
@@ -156,133 +178,113 @@ class LlamaLightningModule(L.LightningModule):
     def loss(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         """Mean next-token cross-entropy in fp32 over the batch's labelled tokens."""
         with attention_backend(self.layout.attention_backend):
-            logits = self.model(batch["input_ids"], batch.get("position_ids"))
-        return F.cross_entropy(logits.float().flatten(0, 1), batch["labels"].flatten())
-
-    def _fit_seq_len(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """Cut the batch's rows to the current training sequence length d.
-
-        ``truncate`` keeps the first d tokens of each row. ``reshape`` splits each row of
-        length L into L // d rows of d tokens (the last L % d tokens are dropped), so tokens
-        per step stay nearly constant; with no position ids, positions restart in each row.
-        """
-        length = batch["input_ids"].shape[1]
-        if self.train_seq_len is None or self.train_seq_len >= length:
-            return batch
-        d = self.train_seq_len
-        if self.seq_len_mode == "truncate":
-            return {key: value[:, :d] for key, value in batch.items()}
-        keep = length // d * d
-        return {key: value[:, :keep].reshape(-1, d) for key, value in batch.items() if key != "position_ids"}
-
-    def preallocate(self, seq_len: int) -> None:
-        """One forward/backward at full length, so the allocator reserves full-size blocks
-        first and shorter-then-longer sequences do not fragment memory. Changes nothing else."""
-        tokens = torch.zeros(self.batch_config.micro_batch_size, seq_len, dtype=torch.long, device=self.device)
-        with self.trainer.precision_plugin.forward_context():
-            self.model(tokens).float().mean().backward()
-        self.model.zero_grad(set_to_none=True)
+            return self.model(batch["input_ids"], batch.get("position_ids"), labels=batch["labels"])
 
     # ---------------------------------------------------------------- training
-    @property
-    def at_step_boundary(self) -> bool:
-        """True between optimizer steps (no gradients are partly accumulated)."""
-        return self._micro_index == 0
-
-    @property
-    def schedule_step(self) -> int:
-        """The 1-based step that step-based schedules (LR warmup, curricula) are at.
-
-        It is the optimizer step about to run, except that simulated replicas' turns in
-        one global step share one schedule step.
-        """
-        return self.clock.steps // self.turns_per_step + 1
-
-    @property
-    def micro_index(self) -> int:
-        """Index of the current micro-batch within its optimizer step (0 at a boundary)."""
-        return self._micro_index
-
     def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
-        if self.at_step_boundary:
-            self.global_batch.apply_pending()
-        wrapped = self.trainer.strategy.model
-        if isinstance(wrapped, DistributedDataParallel):
-            # DDP reads this flag in its forward: only the last micro-batch of a step
-            # all-reduces; the earlier ones accumulate locally (what no_sync() does).
-            wrapped.require_backward_grad_sync = self._micro_index == self.global_batch.accumulation - 1
+        """Begin an optimizer step at its first micro-batch; tell DDP whether this one syncs.
+
+        This runs before the strategy's forward, which is where DDP reads its sync flag.
+        """
+        state = self.training_state
+        state.device = self.device
+        if state.micro_batch_index == 0:
+            self._start_step()
+        set_gradient_sync(self.trainer.strategy.model, enabled=state.is_last_micro_batch)
+
+    def _start_step(self) -> None:
+        state = self.training_state
+        for callback in self.step_callbacks:
+            callback.on_step_start(state)
+        if state.at_global_step_start:
+            state.global_batch.apply_pending()
+            state.schedule_tokens = state.clock.tokens
+        self._step_loss, self._step_tokens = torch.zeros((), device=self.device), 0
 
     def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
-        batch = self._fit_seq_len(batch)
+        state = self.training_state
+        batch = state.cut(batch)
         loss = self.loss(batch)
         # Each rank's micro-batches weigh 1/accumulation; DDP and FSDP average over ranks,
         # so the gradient is the mean over the global batch.
-        self.manual_backward(loss / self.global_batch.accumulation)
-        self._step_loss = self._step_loss.to(loss.device) + loss.detach()
+        self.manual_backward(loss / state.global_batch.accumulation)
+        self._step_loss += loss.detach()
         self._step_tokens += batch["labels"].numel()
-        self.trained_seq_len = batch["labels"].shape[1]
-        self._micro_index += 1
-        if self._micro_index == self.global_batch.accumulation:
-            self._optimizer_step()
+        state.seq_len = batch["labels"].shape[1]
+        for callback in self.step_callbacks:
+            callback.on_micro_batch_end(state)
+        state.micro_batch_index += 1
+        if state.micro_batch_index == state.global_batch.accumulation:
+            self._finish_step()
         return loss.detach()
 
-    def _optimizer_step(self) -> None:
-        optimizer = self.optimizers()
-        if self.clock.steps % self.turns_per_step == 0:
-            self._schedule_tokens = self.clock.tokens
+    def _finish_step(self) -> None:
+        state = self.training_state
         lr = learning_rate(
-            self.optimizer_config.lr, self.lr_schedule, self.schedule_step, self._schedule_tokens, self.token_budget
+            self.optimizer_config.lr, self.lr_schedule, state.schedule_step, state.schedule_tokens, state.token_budget
         )
+        optimizer = self.optimizers()
         for group in optimizer.param_groups:
             group["lr"] = lr
-        max_norm = self.optimizer_config.grad_clip or math.inf
-        grad_norm = clip_grad_norm(self.model, max_norm)
-        optimizer.step()
+        optimizer.step()  # clips in on_before_optimizer_step, after any loss-scale unscaling
         optimizer.zero_grad(set_to_none=True)
 
         # Every rank trains the same shapes, so global tokens = local tokens x ranks.
-        self.clock.advance(self.global_batch.size, self._step_tokens * self.data_parallel_size)
-        step_loss = self.trainer.strategy.reduce(self._step_loss / self.global_batch.accumulation, reduce_op="mean")
-        self._log_step(step_loss, lr, grad_norm)
-        self._micro_index, self._step_loss, self._step_tokens = 0, torch.zeros(()), 0
-        if self.token_budget is not None and self.clock.tokens >= self.token_budget:
-            self.trainer.should_stop = True
-
-    def _log_step(self, loss: torch.Tensor, lr: float, grad_norm: torch.Tensor) -> None:
-        self.step_metrics.update(
+        world = self.trainer.world_size
+        state.clock.advance(state.global_batch.sequences_per_optimizer_step, self._step_tokens * world)
+        state.micro_batch_index = 0
+        state.local_step_loss = self._step_loss / state.global_batch.accumulation
+        state.step_loss = self.trainer.strategy.reduce(state.local_step_loss.clone(), reduce_op="mean")  # reduces in place
+        state.stopping = self._ends_training()
+        state.record_metrics(
             {
-                "train/loss": loss.item(),
-                "train/sequences_seen": self.clock.sequences,
+                "train/loss": state.step_loss,
+                "train/grad_norm": self._grad_norm,
                 "train/lr": lr,
-                "train/global_batch_size": self.global_batch.size,
-                "train/seq_len": self.trained_seq_len,
-                "train/grad_norm": grad_norm.item(),
+                "train/sequences_seen": state.clock.sequences,
+                "train/global_batch_size": state.global_batch.size,
+                "train/seq_len": state.seq_len,
             }
         )
+        for callback in self.step_callbacks:
+            callback.on_step_end(state)
+        if state.stopping:
+            self.trainer.should_stop = True
+        if state.is_logging_step:
+            self._log_step()
+        state.metrics.clear()
 
-    def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
-        """Flush the metrics of a completed optimizer step (callbacks have added theirs by now)."""
-        if not self.at_step_boundary:
-            return
-        if self.clock.steps % self.trainer.log_every_n_steps == 0 or self.trainer.should_stop or self.log_this_step:
-            self.log_metrics(self.step_metrics)
-        self.log_this_step = False
-        metrics = {**self.step_metrics, "train/tokens_seen": self.clock.tokens}
-        shown = {key: float(metrics[key]) for key in PROGRESS_BAR_KEYS if key in metrics}
-        self.log_dict(shown, prog_bar=True, logger=False)
-        self.step_metrics.clear()
+    def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
+        """Clip to ``optimizer.grad_clip`` (inf: measure only) and keep the global norm.
 
-    def log_metrics(self, metrics: dict[str, float]) -> None:
-        """Send metrics to every logger at the current optimizer step.
+        Lightning calls this inside ``optimizer.step()``, after a 16-bit loss scaler has
+        unscaled the gradients, so the norm is that of the true gradients in every precision.
+        """
+        self._grad_norm = clip_grad_norm(self.model, self.optimizer_config.grad_clip or math.inf)
+
+    def _ends_training(self) -> bool:
+        """The token budget or max_steps is reached, and no technique is mid-way through a global step."""
+        state = self.training_state
+        budget_reached = state.token_budget is not None and state.clock.tokens >= state.token_budget
+        steps_reached = 0 < self.trainer.max_steps <= state.clock.steps
+        if not (budget_reached or steps_reached):
+            return False
+        return all(callback.allows_stop(state) for callback in self.step_callbacks)
+
+    def _log_step(self) -> None:
+        """Send this step's metrics to every logger, with optimizer steps as the step axis.
 
         Lightning's own ``self.log`` counts steps in training batches, which here are
         micro-batches; logging directly keeps the step axis in optimizer steps and puts
-        the token clock (the x-axis of every chart) in every row.
+        the token clock (the x-axis of every chart) in every row. This is the only place
+        where the step's device values are read.
         """
-        row = {key: float(value) for key, value in metrics.items()}
-        row["train/tokens_seen"] = float(self.clock.tokens)
+        row = self.training_state.metrics.as_floats()
+        row["train/tokens_seen"] = float(self.training_state.clock.tokens)
         for logger in self.loggers:
-            logger.log_metrics(row, step=self.clock.steps)
+            logger.log_metrics(row, step=self.training_state.clock.steps)
+        shown = {key: row[key] for key in PROGRESS_BAR_KEYS if key in row}
+        self.log_dict(shown, prog_bar=True, logger=False)
 
     def on_validation_model_zero_grad(self) -> None:
         """Keep accumulated gradients: this module clears them itself after each step."""
@@ -304,26 +306,37 @@ class LlamaLightningModule(L.LightningModule):
         val_loss = self.trainer.strategy.reduce(self._val_loss_sum / self._val_batches, reduce_op="mean")
         self.log("val/loss", val_loss, prog_bar=True, logger=False)  # for the bar and checkpoint monitors
         if not self.trainer.sanity_checking:
-            self.log_metrics({"val/loss": val_loss.item(), "val/ppl": math.exp(val_loss.item())})
+            value = val_loss.item()
+            row = {"val/loss": value, "val/ppl": math.exp(value), "train/tokens_seen": float(self.training_state.clock.tokens)}
+            for logger in self.loggers:
+                logger.log_metrics(row, step=self.training_state.clock.steps)
 
     # ---------------------------------------------------------------- checkpoints
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        """Save the knobs as of the last completed optimizer step.
+        """Save the state as of the last completed optimizer step.
 
         A checkpoint taken mid-accumulation (preemption) is still exact: weights, optimizer
         state and clock only change at step boundaries, the data position is the clock's
         sequence count, and a resumed run simply recomputes the partial step.
         """
-        checkpoint["training_knobs"] = {
-            "clock": self.clock.state_dict(),
-            "global_batch": self.global_batch.state_dict(),
-            "train_seq_len": self.train_seq_len,
-            "schedule_tokens": self._schedule_tokens,
-        }
+        checkpoint["training_state"] = self.training_state.state_dict()
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        knobs = checkpoint["training_knobs"]
-        self.clock.load_state_dict(knobs["clock"])
-        self.global_batch.load_state_dict(knobs["global_batch"])
-        self.train_seq_len = knobs["train_seq_len"]
-        self._schedule_tokens = knobs["schedule_tokens"]
+        """Continue the checkpoint's clock and batch; settings changed since are applied and logged.
+
+        The learning rate follows the config at every step; the other optimizer settings
+        are put into the restored optimizer in ``on_train_start``. The global batch is the
+        configured one unless a technique sets it (then it continues where it was).
+        """
+        state = self.training_state
+        state.load_state_dict(checkpoint["training_state"])
+        for note in resume_notes(checkpoint.get("hyper_parameters", {}), self.hparams):
+            log.info(note)
+        configured = self.batch_config.global_batch_size
+        if not self.batch_scheduled and state.global_batch.size != configured:
+            log.info("resuming with batch.global_batch_size=%d (the checkpoint's run was at %d)", configured, state.global_batch.size)
+            state.global_batch.size = configured
+
+    def on_train_start(self) -> None:
+        """Put the configured optimizer settings into a (possibly restored) optimizer."""
+        apply_settings(self.training_state.optimizer, self.optimizer_config)

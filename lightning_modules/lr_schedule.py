@@ -19,32 +19,34 @@ count does not depend on how those tokens were batched once warmup is over.
 import math
 from dataclasses import dataclass
 
+from launch.errors import ConfigError
+
 SCHEDULES = ("constant", "linear", "cosine", "wsd")
 
 
-@dataclass
+@dataclass(kw_only=True)
 class LRScheduleConfig:
-    """User settings (Hydra group ``lr_schedule``)."""
+    """User settings (``lr_schedule`` in ``conf/train.yaml``, where their defaults live)."""
 
-    name: str = "cosine"
-    warmup_steps: int = 0
-    warmup_tokens: int = 0
-    min_lr_ratio: float = 0.1
-    decay_fraction: float = 0.2
+    name: str
+    warmup_steps: int
+    warmup_tokens: int
+    min_lr_ratio: float
+    decay_fraction: float
 
     def __post_init__(self) -> None:
         if self.name not in SCHEDULES:
-            raise ValueError(f"lr_schedule.name={self.name!r} is unknown; choose one of {SCHEDULES}.")
+            raise ConfigError(f"lr_schedule.name={self.name!r} is unknown; choose one of {SCHEDULES}.")
         if self.warmup_steps and self.warmup_tokens:
-            raise ValueError(
+            raise ConfigError(
                 "lr_schedule.warmup_steps and lr_schedule.warmup_tokens are both set; set one of them to 0."
             )
         if self.warmup_steps < 0 or self.warmup_tokens < 0:
-            raise ValueError("lr_schedule.warmup_steps / warmup_tokens must be >= 0.")
+            raise ConfigError("lr_schedule.warmup_steps / warmup_tokens must be >= 0.")
         if not 0.0 <= self.min_lr_ratio <= 1.0:
-            raise ValueError(f"lr_schedule.min_lr_ratio={self.min_lr_ratio} must lie in [0, 1].")
+            raise ConfigError(f"lr_schedule.min_lr_ratio={self.min_lr_ratio} must lie in [0, 1].")
         if not 0.0 < self.decay_fraction <= 1.0:
-            raise ValueError(f"lr_schedule.decay_fraction={self.decay_fraction} must lie in (0, 1].")
+            raise ConfigError(f"lr_schedule.decay_fraction={self.decay_fraction} must lie in (0, 1].")
 
 
 def decay_shape(name: str, progress: float, decay_fraction: float) -> float:
@@ -73,7 +75,7 @@ def learning_rate(
     if config.name == "constant":
         shape = 1.0
     elif not token_budget:
-        raise ValueError(f"lr_schedule.name={config.name!r} decays to the token budget: set token_budget.")
+        raise ConfigError(f"lr_schedule.name={config.name!r} decays to the token budget: set token_budget.")
     else:
         start = config.warmup_tokens
         shape = decay_shape(config.name, (tokens - start) / max(token_budget - start, 1), config.decay_fraction)

@@ -7,31 +7,33 @@ apart by the module that owns them, not by their shape: FSDP1 (``use_orig_params
 turns every parameter into a 1-D piece of its flat shard. Tied embeddings appear once.
 """
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 from torch import nn
 
+from launch.errors import ConfigError
 from lightning_modules.llama import RMSNorm
 
 
-@dataclass
+@dataclass(kw_only=True)
 class OptimizerConfig:
-    """User settings (Hydra group ``optimizer``): peak LR, AdamW and clipping."""
+    """User settings (``optimizer`` in ``conf/train.yaml``, where their defaults live):
+    peak LR, AdamW and clipping."""
 
-    lr: float = 3e-3
-    betas: list[float] = field(default_factory=lambda: [0.9, 0.95])
-    eps: float = 1e-8
-    weight_decay: float = 0.1
-    grad_clip: float | None = 1.0
+    lr: float
+    betas: list[float]
+    eps: float
+    weight_decay: float
+    grad_clip: float | None
 
     def __post_init__(self) -> None:
         if self.lr <= 0:
-            raise ValueError(f"optimizer.lr={self.lr} must be > 0.")
+            raise ConfigError(f"optimizer.lr={self.lr} must be > 0.")
         if len(self.betas) != 2 or not all(0.0 <= b < 1.0 for b in self.betas):
-            raise ValueError(f"optimizer.betas={list(self.betas)} must be two numbers in [0, 1).")
+            raise ConfigError(f"optimizer.betas={list(self.betas)} must be two numbers in [0, 1).")
         if self.grad_clip is not None and self.grad_clip <= 0:
-            raise ValueError(f"optimizer.grad_clip={self.grad_clip} must be > 0, or null to disable clipping.")
+            raise ConfigError(f"optimizer.grad_clip={self.grad_clip} must be > 0, or null to disable clipping.")
 
 
 def parameter_groups(model: nn.Module, weight_decay: float) -> list[dict]:
@@ -44,7 +46,21 @@ def parameter_groups(model: nn.Module, weight_decay: float) -> list[dict]:
     ]
 
 
-def build_optimizer(model: nn.Module, config: OptimizerConfig) -> torch.optim.AdamW:
+def build_optimizer(model: nn.Module, config: OptimizerConfig, fused: bool = False) -> torch.optim.AdamW:
+    """AdamW over ``parameter_groups``; ``fused`` takes its fused CUDA kernel (one launch for
+    all parameters), only where every parameter is on a CUDA device."""
+    fused = fused and all(p.device.type == "cuda" for p in model.parameters())
     return torch.optim.AdamW(
-        parameter_groups(model, config.weight_decay), lr=config.lr, betas=tuple(config.betas), eps=config.eps
+        parameter_groups(model, config.weight_decay), lr=config.lr, betas=tuple(config.betas), eps=config.eps,
+        fused=fused or None,
     )
+
+
+def apply_settings(optimizer: torch.optim.Optimizer, config: OptimizerConfig) -> None:
+    """Set AdamW's hyper-parameters from the config, e.g. after a checkpoint restored older ones.
+
+    The groups are those of ``parameter_groups``: the first is decayed, the second is not.
+    The learning rate is set at every step by the training module.
+    """
+    for group, decay in zip(optimizer.param_groups, (config.weight_decay, 0.0)):
+        group.update(betas=tuple(config.betas), eps=config.eps, weight_decay=decay)

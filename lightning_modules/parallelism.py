@@ -11,10 +11,16 @@ from dataclasses import dataclass
 
 import torch
 from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.nn.parallel import DistributedDataParallel
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
 
+from launch.errors import ConfigError
+
 ACTIVATION_CHECKPOINTING = ("none", "full", "mlp")
+COMPILE = ("none", "blocks", "model")
+LOSSES = ("plain", "chunked", "liger")
 ATTENTION_BACKENDS = {
     "flash": SDPBackend.FLASH_ATTENTION,
     "efficient": SDPBackend.EFFICIENT_ATTENTION,
@@ -23,39 +29,50 @@ ATTENTION_BACKENDS = {
 }
 
 
-@dataclass
+@dataclass(kw_only=True)
 class LayoutConfig:
-    """User settings (Hydra group ``layout``).
+    """User settings (``layout`` in ``conf/train.yaml``, where their defaults live).
 
     - ``activation_checkpointing``: ``none``; ``full`` recomputes each transformer block in
       backward; ``mlp`` recomputes only the SwiGLU MLPs (their hidden activations are the
       largest per-token tensors, attention is kept).
-    - ``compile``: torch.compile each transformer block (with dynamic shapes when a
-      technique varies the sequence length, so lengths do not each recompile).
+    - ``compile``: ``none``; ``blocks`` compiles each transformer block (with dynamic shapes
+      when a technique varies the sequence length, so lengths do not each recompile);
+      ``model`` compiles the whole forward, loss included.
     - ``reshard_after_forward``: FSDP2 only. True frees gathered parameters after forward
       (ZeRO-3 style); False keeps them until backward (ZeRO-2 style: more memory, one
       all-gather less per step).
+    - ``fsdp_mixed_precision``: FSDP2 only. Gather parameters and compute in bf16, reduce
+      gradients in fp32; the sharded master weights and the optimizer stay fp32.
     - ``attention_backend``: ``auto`` lets PyTorch pick the fastest SDPA kernel
       (FlashAttention on recent GPUs in bf16); ``flash``, ``efficient``, ``cudnn`` or
       ``math`` force one, and fail loudly where it cannot run.
+    - ``loss``: ``plain`` computes the logits then the cross-entropy in fp32; ``chunked``
+      fuses the output projection and the cross-entropy by chunks of tokens, so the fp32
+      logits never exist whole (``fused_cross_entropy.py``); ``liger`` uses liger-kernel's
+      Triton version (CUDA, ``pip install -e ".[gpu]"``).
+    - ``liger_kernels``: route RMSNorm, SwiGLU and RoPE through liger-kernel (CUDA only).
+    - ``fused_adamw``: AdamW's fused CUDA kernel (on CPU: the multi-tensor one).
     """
 
-    activation_checkpointing: str = "none"
-    compile: bool = False
-    reshard_after_forward: bool = True
-    attention_backend: str = "auto"
+    activation_checkpointing: str
+    compile: str
+    reshard_after_forward: bool
+    fsdp_mixed_precision: bool
+    attention_backend: str
+    loss: str
+    liger_kernels: bool
+    fused_adamw: bool
 
     def __post_init__(self) -> None:
-        if self.activation_checkpointing not in ACTIVATION_CHECKPOINTING:
-            raise ValueError(
-                f"layout.activation_checkpointing={self.activation_checkpointing!r} is unknown;"
-                f" choose one of {ACTIVATION_CHECKPOINTING}."
-            )
-        if self.attention_backend != "auto" and self.attention_backend not in ATTENTION_BACKENDS:
-            raise ValueError(
-                f"layout.attention_backend={self.attention_backend!r} is unknown;"
-                f" choose auto or one of {tuple(ATTENTION_BACKENDS)}."
-            )
+        for name, choices in (("activation_checkpointing", ACTIVATION_CHECKPOINTING), ("compile", COMPILE),
+                              ("loss", LOSSES), ("attention_backend", ("auto", *ATTENTION_BACKENDS))):  # fmt: skip
+            if getattr(self, name) not in choices:
+                raise ConfigError(f"layout.{name}={getattr(self, name)!r} is unknown; choose one of {choices}.")
+
+    @property
+    def needs_liger(self) -> bool:
+        return self.loss == "liger" or self.liger_kernels
 
 
 def attention_backend(name: str) -> AbstractContextManager:
@@ -78,32 +95,93 @@ def apply_activation_checkpointing(model: nn.Module, mode: str) -> None:
             block.mlp = checkpoint_wrapper(block.mlp)
 
 
-def apply_compile(model: nn.Module, dynamic: bool) -> None:
-    """Compile each transformer block in place (parameter names are unchanged).
+def apply_compile(model: nn.Module, mode: str, dynamic: bool) -> None:
+    """Compile each transformer block, or the whole model, in place (parameter names are unchanged).
 
     ``dynamic``: the sequence length (and, in reshape mode, the row count) changes during
     training, so shapes are compiled as symbolic once instead of recompiling per length.
     """
-    for block in model.layers:
-        block.compile(dynamic=True if dynamic else None)
+    modules = model.layers if mode == "blocks" else [model]
+    for module in modules:
+        module.compile(dynamic=True if dynamic else None)
 
 
-def apply_fsdp2(model: nn.Module, mesh, reshard_after_forward: bool) -> None:
+def apply_fsdp2(model: nn.Module, mesh: DeviceMesh, reshard_after_forward: bool, mixed_precision: bool) -> None:
     """Shard every block, then the root (embeddings, final norm, output head)."""
-    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
+    policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if mixed_precision else None
+    options = {"mesh": mesh, "reshard_after_forward": reshard_after_forward}
+    if policy is not None:
+        options["mp_policy"] = policy
     for block in model.layers:
-        fully_shard(block, mesh=mesh, reshard_after_forward=reshard_after_forward)
-    fully_shard(model, mesh=mesh, reshard_after_forward=reshard_after_forward)
+        fully_shard(block, **options)
+    fully_shard(model, **options)
 
 
-def apply_layout(model: nn.Module, config: LayoutConfig, mesh=None, dynamic_seq_len: bool = False) -> None:
-    """Apply the configured layout; ``mesh`` is the data-parallel mesh when sharding."""
+def apply_loss_kernel(model: nn.Module, loss: str) -> None:
+    """Put the chosen output-projection + cross-entropy kernel in the model's ``loss_kernel``."""
+    from lightning_modules.fused_cross_entropy import linear_cross_entropy
+    from lightning_modules.liger_kernels import liger_linear_cross_entropy
+
+    if loss == "chunked":
+        model.loss_kernel = linear_cross_entropy
+    elif loss == "liger":
+        model.loss_kernel = liger_linear_cross_entropy()
+
+
+def check_kernels_available(config: LayoutConfig) -> None:
+    """Refuse Liger where it cannot run (no liger-kernel, or no CUDA device), before any work."""
+    from lightning_modules.liger_kernels import liger_available
+
+    if config.needs_liger and not liger_available():
+        raise ConfigError(
+            "layout.loss=liger and layout.liger_kernels=true need liger-kernel on a CUDA GPU"
+            ' (pip install -e ".[gpu]"); elsewhere use layout.loss=chunked and layout.liger_kernels=false.'
+        )
+
+
+def apply_layout(model: nn.Module, config: LayoutConfig, mesh: DeviceMesh | None = None, dynamic_seq_len: bool = False) -> None:
+    """Apply the configured layout; ``mesh`` is the data-parallel mesh when sharding.
+
+    Order, as torchtitan: kernels swapped in, then checkpointing wraps blocks, compile
+    compiles them (or, for the whole model, after sharding), FSDP2 shards each block and
+    then the root. Works on a meta-device model (nothing is allocated).
+    """
+    from lightning_modules.liger_kernels import apply_liger_kernels
+
+    if config.liger_kernels:
+        apply_liger_kernels(model)
+    apply_loss_kernel(model, config.loss)
     apply_activation_checkpointing(model, config.activation_checkpointing)
-    if config.compile:
-        apply_compile(model, dynamic=dynamic_seq_len)
+    if config.compile == "blocks":
+        apply_compile(model, "blocks", dynamic_seq_len)
     if mesh is not None:
-        apply_fsdp2(model, mesh, config.reshard_after_forward)
+        apply_fsdp2(model, mesh, config.reshard_after_forward, config.fsdp_mixed_precision)
+    if config.compile == "model":
+        apply_compile(model, "model", dynamic_seq_len)
+
+
+def data_parallel_mesh(device_mesh: DeviceMesh | None) -> DeviceMesh | None:
+    """The data-parallel part of ModelParallelStrategy's mesh (None without that strategy)."""
+    if device_mesh is None:
+        return None
+    if device_mesh.mesh_dim_names and "tensor_parallel" in device_mesh.mesh_dim_names:
+        if device_mesh["tensor_parallel"].size() != 1:
+            raise ConfigError("tensor parallelism is not supported: set strategy.tensor_parallel_size=1.")
+        return device_mesh["data_parallel"]
+    return device_mesh
+
+
+def set_gradient_sync(wrapped: nn.Module, enabled: bool) -> None:
+    """Under DDP, all-reduce gradients only on the micro-batch that completes a step.
+
+    DDP reads this flag in its forward (what ``no_sync()`` sets); earlier micro-batches
+    accumulate locally. Other strategies need nothing: FSDP reduce-scatters every
+    micro-batch, one device has nothing to sync.
+    """
+    if isinstance(wrapped, DistributedDataParallel):
+        wrapped.require_backward_grad_sync = enabled
 
 
 def clip_grad_norm(model: nn.Module, max_norm: float) -> torch.Tensor:

@@ -9,7 +9,7 @@ The global batch stays fixed, so layouts differ only in how the same work is don
     # a GPU ablation in the spirit of Hagemann et al. 2023, Table 2
     python scripts/benchmark_layouts.py --steps 20 --global-batch 64 \\
         --sweep batch.micro_batch_size=1,2,4,8 --sweep layout.activation_checkpointing=none,mlp,full \\
-        --sweep layout.compile=false,true -- model=tinyllama_1b data.seq_len=2048 trainer=gpu
+        --sweep layout.compile=none,blocks -- model=tinyllama_1b data.seq_len=2048 trainer=gpu
 """
 
 import argparse
@@ -25,7 +25,7 @@ REPO = Path(__file__).resolve().parents[1]
 DEFAULT_SWEEP = [
     "batch.micro_batch_size=4,16",
     "layout.activation_checkpointing=none,mlp,full",
-    "layout.compile=false,true",
+    "layout.compile=none,blocks",
 ]
 COLUMNS = ["tokens/s", "tokens/s/device", "MFU", "HFU", "peak memory GB"]
 METRICS = ["perf/tokens_per_sec", "perf/tokens_per_sec_per_device", "perf/mfu", "perf/hfu", "perf/peak_memory_gb"]
@@ -48,7 +48,7 @@ def run_layout(layout: list[str], args: argparse.Namespace, run_dir: Path) -> di
         f"hydra.run.dir={run_dir}",
         f"batch.global_batch_size={args.global_batch}",
         f"trainer.max_steps={args.steps}",
-        "trainer.log_every_n_steps=1",
+        f"trainer.log_every_n_steps={args.steps}",  # one logged rate: over every step after the warm-up
         "trainer.num_sanity_val_steps=0",
         "logger=csv",
         "callbacks.validation_schedule.every_n_steps=1000000",
@@ -56,7 +56,6 @@ def run_layout(layout: list[str], args: argparse.Namespace, run_dir: Path) -> di
         "~callbacks.last_checkpoint",
         "trainer.enable_checkpointing=false",
         f"callbacks.throughput.warmup_steps={args.warmup}",
-        f"callbacks.throughput.window={args.steps}",
         *([f"callbacks.throughput.peak_flops_per_device={args.peak_flops}"] if args.peak_flops else []),
         *args.overrides,
         *layout,
@@ -79,7 +78,7 @@ def fmt(value: str, key: str) -> str:
     return f"{number:.1%}" if key in ("perf/mfu", "perf/hfu") else f"{number:,.0f}" if number > 100 else f"{number:.2f}"
 
 
-def main() -> None:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sweep", action="append", help="KEY=V1,V2 (repeatable); default: " + " ".join(DEFAULT_SWEEP))
     parser.add_argument("--steps", type=int, default=8, help="optimizer steps per layout")
@@ -88,7 +87,11 @@ def main() -> None:
     parser.add_argument("--peak-flops", type=float, default=None, help="peak FLOP/s per device (CPU / unlisted GPUs)")
     parser.add_argument("--csv", type=Path, default=Path("layout_benchmark.csv"), help="where to write the table")
     parser.add_argument("overrides", nargs="*", help="train.py overrides shared by every layout (after --)")
-    args = parser.parse_args()
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
     if args.steps <= args.warmup + 1:
         raise SystemExit("--steps must exceed --warmup + 1 so that at least two steps are timed.")
 

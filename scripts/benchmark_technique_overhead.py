@@ -19,14 +19,10 @@ The memory column counts fp32 copies of the (local shard of the) parameters or g
 import argparse
 import statistics
 import sys
-from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+from benchmarks.loops import benchmark_config, framework_run
 
-from scripts.benchmark_overhead import framework_tokens_per_sec, load_config  # noqa: E402
-
-NEVER_GROWS = ["callbacks.adaptive_batch.eta=1e6", "callbacks.adaptive_batch.theta=1e6", "callbacks.adaptive_batch.nu=1e6"]
+NEVER_GROWS = ["technique.adaptive_batch.eta=1e6", "technique.adaptive_batch.theta=1e6", "technique.adaptive_batch.nu=1e6"]
 
 
 def pairs(batch: int, micro: int) -> dict[str, tuple[list[str], list[str], str]]:
@@ -37,20 +33,20 @@ def pairs(batch: int, micro: int) -> dict[str, tuple[list[str], list[str], str]]
     return {
         "norm test": (adaptive + NEVER_GROWS, constant, "1 gradient copy"),
         "inner-product test": (
-            adaptive + NEVER_GROWS + ["callbacks.adaptive_batch.test=augmented_inner_product"],
+            adaptive + NEVER_GROWS + ["technique.adaptive_batch.test=augmented_inner_product"],
             constant,
             f"{samples + 1} gradient copies",
         ),
         "simulated DiLoCo M=2": (
             ["+experiment=diloco", f"batch.global_batch_size={2 * batch}", f"batch.micro_batch_size={micro}",
-             "diloco.sync_every=30"],  # fmt: skip
+             "technique.diloco.sync_every=30"],  # fmt: skip
             ["+experiment=constant_bs", f"batch.global_batch_size={batch}", f"batch.micro_batch_size={micro}"],
             "anchor + momentum + 1 weight copy + 1 AdamW state (5 fp32 copies)",
         ),
     }
 
 
-def main() -> None:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=30, help="timed optimizer steps per run (even: DiLoCo turns)")
     parser.add_argument("--warmup", type=int, default=4, help="untimed steps first (even)")
@@ -58,15 +54,19 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=64, help="global batch of the batch-size pairs")
     parser.add_argument("--micro-batch", type=int, default=16)
     parser.add_argument("overrides", nargs="*", help="train.py overrides (after --)")
-    args = parser.parse_args()
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
 
     rows = []
     for name, (technique, baseline, memory) in pairs(args.batch, args.micro_batch).items():
         rates: dict[str, list[float]] = {"technique": [], "baseline": []}
         for repeat in range(args.repeats):
             for side, overrides in (("technique", technique), ("baseline", baseline)):
-                cfg = load_config(overrides + args.overrides, args.steps, args.warmup)
-                rates[side].append(framework_tokens_per_sec(cfg))
+                cfg = benchmark_config(overrides + args.overrides, args.steps, args.warmup)
+                rates[side].append(framework_run(cfg).tokens_per_sec)
             print(f"{name}, repeat {repeat + 1}: {rates['technique'][-1]:,.0f} vs {rates['baseline'][-1]:,.0f} tokens/s",
                   file=sys.stderr)  # fmt: skip
         with_it, without = statistics.median(rates["technique"]), statistics.median(rates["baseline"])

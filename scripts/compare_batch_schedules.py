@@ -16,10 +16,9 @@ import re
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from analysis.report import markdown_table, plot_panels  # noqa: E402
-from analysis.runs import Run, train_run  # noqa: E402
+from analysis.report import markdown_table, plot_panels
+from analysis.runs import Run, train_run
 
 
 def schedules(args: argparse.Namespace) -> dict[str, list[str]]:
@@ -29,11 +28,11 @@ def schedules(args: argparse.Namespace) -> dict[str, list[str]]:
     return {
         f"constant {small}": ["+experiment=constant_bs", f"batch.global_batch_size={small}"],
         f"constant {large}": ["+experiment=constant_bs", f"batch.global_batch_size={large}"],
-        "stagewise warmup": ["+experiment=bs_warmup", f"callbacks.batch_warmup.sizes=[{','.join(map(str, sizes))}]"],
+        "stagewise warmup": ["+experiment=bs_warmup", f"technique.batch_warmup.stage_sizes=[{','.join(map(str, sizes))}]"],
         "adaptive (norm test)": [
             "+experiment=adaptive_bs",
             f"batch.global_batch_size={small}",
-            f"callbacks.adaptive_batch.eta={args.eta}",
+            f"technique.adaptive_batch.eta={args.eta}",
         ],
     }
 
@@ -48,7 +47,7 @@ def summary(run: Run, seconds: float) -> dict[str, str]:
     }
 
 
-def main() -> None:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tokens", type=float, default=1e6, help="token budget of every run")
     parser.add_argument("--small", type=int, default=16, help="constant-small batch, and where growing schedules start")
@@ -58,7 +57,11 @@ def main() -> None:
     parser.add_argument("--val-every", type=float, default=1e5, help="validate every this many tokens")
     parser.add_argument("--out", type=Path, default=Path("outputs/compare_batch_schedules"))
     parser.add_argument("overrides", nargs="*", help="train.py overrides shared by every run (after --)")
-    args = parser.parse_args()
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
 
     shared = [
         f"token_budget={int(args.tokens)}",

@@ -3,8 +3,17 @@
     python scripts/export_hf.py CKPT_PATH OUT_DIR [--dtype bfloat16]
 
 CKPT_PATH is a Lightning ``.ckpt`` file or a distributed-checkpoint folder written by
-ModelParallelStrategy. OUT_DIR receives ``config.json`` and ``model.safetensors``, loadable
-with ``transformers.LlamaForCausalLM.from_pretrained(OUT_DIR)`` (add a tokenizer yourself).
+ModelParallelStrategy. OUT_DIR receives ``config.json``, ``generation_config.json``,
+``model.safetensors`` and the run's tokenizer (``tokenizer.json`` and its configs, rebuilt
+from the data settings the checkpoint holds), so that
+
+    tokenizer = AutoTokenizer.from_pretrained(OUT_DIR)
+    model = AutoModelForCausalLM.from_pretrained(OUT_DIR)
+    model.generate(**tokenizer(prompt, return_tensors="pt"))
+
+stops at the end-of-document token and never emits the padded vocabulary rows. A
+checkpoint without data settings (saved before checkpoints held them) is exported without
+a tokenizer, with a warning.
 """
 
 from __future__ import annotations
@@ -15,14 +24,10 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from anywhere without installing
-
-from lightning_modules.hf_interop import (  # noqa: E402
-    DEFAULT_MAX_POSITION_EMBEDDINGS,
-    load_lightning_checkpoint,
-    save_hf_pretrained,
-)
-from lightning_modules.llama import Llama  # noqa: E402
+from data.tokenizer_export import save_hf_tokenizer
+from evaluation.checkpoint import DATA_SETTINGS, checkpoint_model, read_checkpoint
+from launch.errors import UserError
+from lightning_modules.hf_interop import DEFAULT_MAX_POSITION_EMBEDDINGS, save_hf_pretrained
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -30,30 +35,44 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("checkpoint", type=Path, help="Lightning .ckpt file or distributed checkpoint folder")
-    parser.add_argument("out_dir", type=Path, help="output folder for config.json and model.safetensors")
+    parser.add_argument("out_dir", type=Path, help="output folder for the model, its configs and tokenizer")
     parser.add_argument("--dtype", choices=sorted(DTYPES), default="float32", help="weight dtype to write")
     parser.add_argument(
         "--max-position-embeddings",
         type=int,
-        default=DEFAULT_MAX_POSITION_EMBEDDINGS,
-        help="context length advertised in config.json (rotary embeddings themselves have no limit)",
+        default=None,
+        help="context length advertised in config.json (default: the training seq_len, else "
+        f"{DEFAULT_MAX_POSITION_EMBEDDINGS}; rotary embeddings themselves have no limit)",
     )
     return parser.parse_args(argv)
 
 
-def main(argv: list[str] | None = None) -> None:
+def export(args: argparse.Namespace) -> None:
+    contents = read_checkpoint(args.checkpoint)
+    data_settings = contents.metadata.get(DATA_SETTINGS)
+    model = checkpoint_model(contents)
+    tokenizer_ids = None
+    if data_settings is None:
+        print(f"warning: {args.checkpoint} holds no data settings ({DATA_SETTINGS}), so no tokenizer is "
+              "written; add the tokenizer files to the folder yourself", file=sys.stderr)  # fmt: skip
+    else:
+        tokenizer_ids = save_hf_tokenizer(data_settings, args.out_dir)
+    trained_length = (data_settings or {}).get("seq_len", DEFAULT_MAX_POSITION_EMBEDDINGS)
+    max_positions = args.max_position_embeddings or trained_length
+    save_hf_pretrained(model.to(DTYPES[args.dtype]), args.out_dir, max_positions, tokenizer_ids)
+    parameters = sum(p.numel() for p in model.parameters())
+    print(f"Wrote {contents.config.name} ({parameters:,} parameters) to {args.out_dir}")
+
+
+def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
-        config, state_dict = load_lightning_checkpoint(args.checkpoint)
-    except (FileNotFoundError, KeyError, ValueError) as error:
-        sys.exit(f"export_hf: {error.args[0] if error.args else error}")
-    with torch.device("meta"):
-        model = Llama(config)
-    model.load_state_dict(state_dict, strict=True, assign=True)
-    model.tie_weights()
-    save_hf_pretrained(model.to(DTYPES[args.dtype]), args.out_dir, args.max_position_embeddings)
-    print(f"Wrote {config.name} ({sum(p.numel() for p in model.parameters()):,} parameters) to {args.out_dir}")
+        export(args)
+    except UserError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

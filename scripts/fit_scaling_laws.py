@@ -97,18 +97,22 @@ def print_extrapolation(fits: dict[str, PowerLaw], measured: list[Result]) -> No
         print(f"| {r.n_params:,.0f} | {r.group} | {r.loss:.3f} | {own_text} | {joint_text} |")
 
 
-def main() -> None:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("dirs", nargs="*", type=Path, help="run folders or sweep folders")
     parser.add_argument("--table", choices=["paper"], help="fit the DiLoCo paper's Table 4 instead of runs")
     parser.add_argument("--predict", type=float, help="a model size N (parameters) to predict at")
     parser.add_argument("--offset", action="store_true", help="also fit L(N) = A N^alpha + C (3+ sizes)")
     parser.add_argument("--out", type=Path, default=Path("outputs/scaling_laws.png"), help="the PNG to write")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if bool(args.dirs) == bool(args.table):
         # One fit through both would join two ladders trained on different data and setups.
         parser.error("give run or sweep folders, or --table paper (not both).")
+    return args
 
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
     results = paper_results() if args.table else gather(args.dirs)
     held_out = paper_results(PAPER_EXTRAPOLATION) if args.table else []
     print_results(results)

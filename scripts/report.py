@@ -15,17 +15,20 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
 
-from analysis.report import final_table, run_labels, write_report  # noqa: E402
-from analysis.runs import find_runs  # noqa: E402
+from analysis.report import final_table, run_labels, write_report
+from analysis.runs import find_runs
 
 
-def main() -> None:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("dirs", nargs="+", type=Path, help="run folders or sweep folders")
     parser.add_argument("--out", type=Path, required=True, help="folder for the PNGs and report.md")
-    args = parser.parse_args()
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
     try:
         runs = find_runs(args.dirs)
     except FileNotFoundError as error:

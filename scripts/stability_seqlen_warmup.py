@@ -18,10 +18,9 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
 
-from analysis.report import markdown_table, plot_panels  # noqa: E402
-from analysis.runs import Run, train_run  # noqa: E402
+from analysis.report import markdown_table, plot_panels
+from analysis.runs import Run, train_run
 
 
 def summary(run: Run, seconds: float, threshold: float) -> dict[str, str]:
@@ -38,7 +37,7 @@ def summary(run: Run, seconds: float, threshold: float) -> dict[str, str]:
     }
 
 
-def main() -> None:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tokens", type=float, default=1.5e6, help="token budget of each run")
     parser.add_argument("--batch", type=int, default=128, help="global batch (8x the default 16)")
@@ -50,7 +49,11 @@ def main() -> None:
     parser.add_argument("--spike-threshold", type=float, default=1.1)
     parser.add_argument("--out", type=Path, default=Path("outputs/stability_seqlen_warmup"))
     parser.add_argument("overrides", nargs="*", help="train.py overrides shared by both runs (after --)")
-    args = parser.parse_args()
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
 
     shared = [
         f"token_budget={int(args.tokens)}",
@@ -63,8 +66,8 @@ def main() -> None:
     ]
     warmup = [
         "+experiment=seqlen_warmup",
-        f"callbacks.seq_len_warmup.total_curriculum_step={args.curriculum_steps}",
-        f"callbacks.seq_len_warmup.min_difficulty={args.start_length}",
+        f"technique.seq_len_warmup.total_curriculum_step={args.curriculum_steps}",
+        f"technique.seq_len_warmup.min_difficulty={args.start_length}",
     ]
     runs, rows = {}, []
     for name, extra in (("baseline", []), ("seqlen warmup", warmup)):

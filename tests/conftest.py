@@ -1,12 +1,9 @@
-"""Make the repository root importable and keep Hugging Face libraries offline in tests."""
+"""Keep Hugging Face libraries offline in tests (pyproject's `pythonpath` makes the repository importable)."""
 
 import os
-import sys
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("WANDB_MODE", "offline")
 

@@ -5,8 +5,20 @@ import subprocess
 import sys
 from pathlib import Path
 
+import lightning as L
 import torch
 from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
+
+from benchmarks.memory_logger import MemoryLogger  # noqa: F401 - tests import it from here
+from launch.builders import build_callbacks, build_datamodule, build_module, build_trainer
+from launch.run_settings import check_config
+
+from launch.typed_settings import settings_from_config
+from lightning_modules.global_batch import BatchConfig, GlobalBatch
+from lightning_modules.llama import LlamaConfig
+from lightning_modules.parallelism import LayoutConfig
+from lightning_modules.training_state import TrainingState
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -66,3 +78,44 @@ def checkpoint_weights(path: Path) -> dict[str, torch.Tensor]:
     """Model weights of a single-file Lightning checkpoint."""
     state = torch.load(path, map_location="cpu", weights_only=False)["state_dict"]
     return {key: value for key, value in state.items() if key.startswith("model.")}
+
+
+def default_settings(cls: type, key: str, **overrides):
+    """A settings section of conf/train.yaml (where the defaults live), with overrides."""
+    node = OmegaConf.to_container(OmegaConf.load(REPO / "conf" / "train.yaml")[key])
+    return settings_from_config(cls, {**node, **overrides}, key)
+
+
+SMALL_MODEL = LlamaConfig(vocab_size=256, n_layers=2, d_model=64, n_heads=4, n_kv_heads=2, mlp_hidden=128)
+
+
+def training_state(
+    global_batch: int = 8,
+    micro: int = 2,
+    ranks: int = 1,
+    cap: int | None = None,
+    replicas: int = 1,
+    budget: int | None = None,
+    checkpointing: str = "none",
+    log_every_n_steps: int = 1,
+) -> TrainingState:
+    """The real training state, as the training module builds it, for callbacks tested alone."""
+    batch = BatchConfig(global_batch_size=global_batch, micro_batch_size=micro, max_micro_batch_size=micro,
+                        max_global_batch_size=cap)  # fmt: skip
+    layout = default_settings(LayoutConfig, "layout", activation_checkpointing=checkpointing)
+    state = TrainingState(GlobalBatch(batch, micro, ranks, replicas), budget, SMALL_MODEL, layout, log_every_n_steps)
+    state.gradient_group_size = ranks
+    return state
+
+
+def fit_in_process(cfg, callbacks: list | None = None, loggers: list | None = None, datamodule_hook=None):
+    """Build a run from a composed config as train.py does, and fit it in this process."""
+    settings = check_config(cfg, processes=1)
+    L.seed_everything(cfg.seed, verbose=False)
+    datamodule = build_datamodule(cfg, settings)
+    if datamodule_hook is not None:
+        datamodule_hook(datamodule)
+    module = build_module(cfg, settings, datamodule.vocab_size)
+    trainer = build_trainer(cfg, settings, list(loggers or []), build_callbacks(cfg, settings) + list(callbacks or []))
+    trainer.fit(module, datamodule=datamodule, ckpt_path=cfg.get("ckpt_path"))
+    return module, trainer

@@ -11,6 +11,7 @@ import lightning as L
 
 class SlowSteps(L.Callback):
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
-        if pl_module.clock.steps == 3 and pl_module._micro_index == 2:
+        state = pl_module.training_state
+        if state.clock.steps == 3 and state.micro_batch_index == 2:
             print("SLOW STEP 3", file=sys.stderr, flush=True)
             time.sleep(2.0)

@@ -22,9 +22,9 @@ import torch
 import torch.nn.functional as F
 from torch.func import functional_call, grad, vmap
 
-from callbacks.adaptive_batch import AdaptiveBatchSize
+from callbacks.batch_size.adaptive import AdaptiveBatchSize
 from launch.builders import build_callbacks, build_datamodule, build_module, build_trainer
-from launch.config_checks import check_config
+from launch.run_settings import check_config
 from tests.run_helpers import TINY, checkpoint_weights, compose_config, run_train
 
 STATISTICS = {
@@ -38,7 +38,7 @@ STATISTICS = {
 ADAPTIVE = TINY + [
     "+experiment=adaptive_bs",
     "batch.global_batch_size=8",
-    "callbacks.adaptive_batch.test=augmented_inner_product",
+    "technique.adaptive_batch.test=augmented_inner_product",
     "trainer.max_steps=1",
 ]
 
@@ -76,17 +76,18 @@ def reference(per_sequence: torch.Tensor, samples: list[list[int]]) -> dict[str,
 def one_device(tmp_path_factory):
     """One training step on one device; the initial model, the step's 8 rows, the logged statistics."""
     cfg = compose_config(ADAPTIVE + ["logger=none"], tmp_path_factory.mktemp("one_device"))
+    settings = check_config(cfg, processes=1)
     L.seed_everything(cfg.seed, verbose=False)
-    datamodule = build_datamodule(cfg)
-    module = build_module(cfg, check_config(cfg), datamodule.vocab_size)
-    callbacks = build_callbacks(cfg)
-    trainer = build_trainer(cfg, loggers=[], callbacks=callbacks)
+    datamodule = build_datamodule(cfg, settings)
+    module = build_module(cfg, settings, datamodule.vocab_size)
+    callbacks = build_callbacks(cfg, settings)
+    trainer = build_trainer(cfg, settings, [], callbacks)
     module.configure_model()
     initial = copy.deepcopy(module.model)
     trainer.fit(module, datamodule=datamodule)
     adaptive = next(cb for cb in callbacks if isinstance(cb, AdaptiveBatchSize))
 
-    fresh = build_datamodule(cfg)
+    fresh = build_datamodule(cfg, settings)
     fresh.setup("fit")
     loader = iter(fresh.train_dataloader())
     micro_batches = [next(loader) for _ in range(4)]
@@ -95,8 +96,9 @@ def one_device(tmp_path_factory):
 
 
 def assert_matches(actual: dict[str, float], expected: dict[str, float]) -> None:
+    """1e-5 relative: the sums are taken in float64, so DDP's whole-bucket norms are as exact as one device's."""
     for name, value in expected.items():
-        assert actual[name] == pytest.approx(value, rel=1e-4), name
+        assert actual[name] == pytest.approx(value, rel=1e-5), name
 
 
 def test_one_device_micro_batches_match_brute_force(one_device):
@@ -149,7 +151,7 @@ def test_resume_mid_schedule_continues_exactly(tmp_path, tmp_path_factory):
     cache = tmp_path_factory.getbasetemp() / "cache"
     growing = TINY + [
         "+experiment=adaptive_bs",
-        "callbacks.adaptive_batch.eta=0.3",
+        "technique.adaptive_batch.eta=0.3",
         "batch.max_global_batch_size=40",
         "trainer.max_steps=6",
         "callbacks.model_checkpoint.every_n_train_steps=1",
@@ -168,19 +170,12 @@ def test_resume_mid_schedule_continues_exactly(tmp_path, tmp_path_factory):
         assert torch.equal(value, expected[name]), name
 
 
-@pytest.mark.parametrize(
-    "overrides, message",
-    [
-        (["callbacks.adaptive_batch.samples=rank"], "samples=rank needs strategy=ddp"),
-        (["batch.global_batch_size=2"], "the test needs >= 2 samples"),
-        (["callbacks.adaptive_batch.min_global_batch_size=9"], "min_global_batch_size=9 must be a multiple"),
-        (
-            ["+callbacks.constant_batch._target_=callbacks.batch_schedules.ConstantBatch", "+callbacks.constant_batch.size=8"],
-            "only one callback may set the global batch",
-        ),
-    ],
-)
-def test_impossible_settings_fail_with_a_message(overrides, message, tmp_path, tmp_path_factory):
-    result = run_train(ADAPTIVE + ["logger=none"] + overrides, tmp_path / "run", tmp_path_factory.getbasetemp() / "cache")
+def test_the_documented_fail_fast_command_exits_2_before_any_work(tmp_path):
+    """One device needs >= 2 micro-batches per step: refused before tokenizing or starting anything."""
+    result = run_train(["+experiment=adaptive_bs", "batch.micro_batch_size=16"], tmp_path / "run", tmp_path / "cache")
     assert result.returncode == 2, result.stderr[-3000:]
-    assert message in result.stdout + result.stderr
+    assert result.stderr.strip().splitlines() == [
+        "error: technique.adaptive_batch: the starting global batch 16 is 1 micro-step(s) of micro_batch x ranks = 16;"
+        " the norm test needs >= 2 samples. Start at 32 or set batch.micro_batch_size=8."
+    ]
+    assert not (tmp_path / "cache").exists() and not (tmp_path / "run").exists()

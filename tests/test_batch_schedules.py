@@ -1,26 +1,13 @@
 """Batch-size decisions and baseline schedules against values worked out by hand."""
 
-from types import SimpleNamespace
-
 import pytest
 
-from callbacks.adaptive_batch import AdaptiveBatchSize
-from callbacks.batch_schedules import ConstantBatch, LinearBatchRampup, StagewiseBatchWarmup
-from callbacks.batch_size_tests import SampleSums, required_batch
+from callbacks.batch_size.adaptive import AdaptiveBatchSize
+from callbacks.batch_size.noise_tests import SampleSums, noise_scale, required_batch
+from launch.errors import ConfigError
+from launch.run_settings import check_config
 from lightning_modules.clock import TrainingClock
-from lightning_modules.global_batch import BatchConfig, BatchConfigError, GlobalBatch, check_single_controller
-
-
-def fake_module(global_batch: int, micro: int, ranks: int = 1, cap: int | None = None, budget: int | None = None):
-    config = BatchConfig(global_batch_size=global_batch, micro_batch_size=micro, max_global_batch_size=cap)
-    return SimpleNamespace(
-        global_batch=GlobalBatch(config, data_parallel_size=ranks),
-        batch_config=config,
-        token_budget=budget,
-        step_metrics={},
-        log_this_step=False,
-    )
-
+from tests.run_helpers import TINY, compose_config, training_state
 
 # n = 4 samples of b_s = 2: tr(Sigma) = 2 * (7 - 4 * 1) / 3 = 2 and ||g||^2 = 1, so the
 # noise scale is 2 and the norm test at eta = 0.1 asks for 2 / 0.01 = 200 sequences.
@@ -35,84 +22,115 @@ def test_test_formulas_by_hand():
     assert required_batch(NOISY, "augmented_inner_product", eta=1, theta=0.5, nu=0.1) == pytest.approx(150)
 
 
-def decide(callback: AdaptiveBatchSize, module, sums: SampleSums) -> tuple[float, float]:
-    callback._decide(module, sums)
-    module.global_batch.apply_pending()
+def settings_of(name: str, tmp_path, overrides: list[str]):
+    """A technique's settings as the config files and these overrides give them."""
+    cfg = compose_config(TINY + [f"+technique={name}"] + overrides, tmp_path)
+    return check_config(cfg).techniques[name]
+
+
+def adaptive(tmp_path, eta: float, cap: int | None = None) -> AdaptiveBatchSize:
+    cap_setting = "null" if cap is None else cap
+    settings = settings_of(
+        "adaptive_batch", tmp_path, [f"technique.adaptive_batch.eta={eta}", f"technique.adaptive_batch.max_global_batch_size={cap_setting}"]
+    )
+    return AdaptiveBatchSize(settings, sample_kind="micro_batch")
+
+
+def decide(callback: AdaptiveBatchSize, state, sums: SampleSums) -> tuple[float, float]:
+    """One test whose samples cover the whole global batch, then the next step begins."""
+    callback._proposal = 0
+    callback._propose(state, sums)
+    callback._decide(state)
+    state.global_batch.apply_pending()
     return callback.last["adaptive_bs/proposed_batch"], callback.last["adaptive_bs/applied_batch"]
 
 
-def test_growth_is_rounded_up_and_capped_by_the_batch_config():
-    module = fake_module(global_batch=8, micro=2, cap=100)
-    assert decide(AdaptiveBatchSize(eta=0.1), module, NOISY) == (200, 100)  # 200 > cap 100
-    assert module.global_batch.size == 100 and module.log_this_step
+def test_growth_is_rounded_up_and_capped_by_the_batch_config(tmp_path):
+    state = training_state(global_batch=8, micro=2, cap=100)
+    assert decide(adaptive(tmp_path, eta=0.1), state, NOISY) == (200, 100)  # 200 > cap 100
+    assert state.global_batch.size == 100 and state.metrics.forced
 
 
-def test_growth_is_rounded_to_micro_batch_times_ranks_and_capped_by_the_callback():
-    module = fake_module(global_batch=16, micro=4, ranks=2)  # granularity 8
-    callback = AdaptiveBatchSize(eta=math_eta(37.5), max_global_batch_size=64)
-    assert decide(callback, module, NOISY) == (38, 40)  # ceil(37.5) = 38, rounded up to 40
-    callback.eta = math_eta(1000)
-    assert decide(callback, module, NOISY) == (64, 64)  # the callback's cap
+def samples_of(global_batch: int) -> SampleSums:
+    """NOISY's sums for 4 samples that make up the whole global batch."""
+    return SampleSums(n=4, sample_size=global_batch // 4, sum_sq=7.0, g_sq=1.0)
 
 
-def math_eta(required: float) -> float:
-    """The eta at which NOISY's norm test asks for `required` sequences."""
-    return (2 / required) ** 0.5
+def test_growth_is_rounded_to_micro_batch_times_ranks_and_capped_by_the_technique(tmp_path):
+    state, sums = training_state(global_batch=16, micro=4, ranks=2), samples_of(16)  # granularity 8
+    callback = adaptive(tmp_path, eta=eta_for(37.5, sums), cap=64)
+    assert decide(callback, state, sums) == (38, 40)  # ceil(37.5) = 38, rounded up to 40
+    callback.settings.eta = eta_for(1000, sums)
+    assert decide(callback, state, sums) == (64, 64)  # the technique's cap
 
 
-def test_batch_never_shrinks():
-    module = fake_module(global_batch=32, micro=2)
-    callback = AdaptiveBatchSize(eta=math_eta(10))
-    assert decide(callback, module, NOISY) == (32, 32)
-    callback.eta = math_eta(40)
-    assert decide(callback, module, NOISY) == (40, 40)
-    callback.eta = math_eta(20)
-    assert decide(callback, module, NOISY) == (40, 40)
-    assert module.global_batch.size == 40
+def test_a_replicas_proposal_is_scaled_to_the_global_batch(tmp_path):
+    """2 simulated replicas: each turn's samples cover half the global batch of 16, so the
+    test's 37.5 for one replica's gradient means 75 over both."""
+    state = training_state(global_batch=16, micro=2, replicas=2)
+    half = samples_of(8)
+    assert decide(adaptive(tmp_path, eta=eta_for(37.5, half)), state, half) == (75, 76)
 
 
-def test_stagewise_warmup_splits_the_token_budget_evenly():
-    warmup = StagewiseBatchWarmup(sizes=[16, 32, 64])
-    warmup.prepare(fake_module(global_batch=16, micro=8, budget=3000))
+def eta_for(required: float, sums: SampleSums) -> float:
+    """The eta at which the norm test on these sums asks for `required` sequences."""
+    return (noise_scale(sums) / required) ** 0.5
+
+
+def test_batch_never_shrinks(tmp_path):
+    state = training_state(global_batch=32, micro=2)
+    callback = adaptive(tmp_path, eta=eta_for(10, samples_of(32)))
+    assert decide(callback, state, samples_of(32)) == (32, 32)
+    callback.settings.eta = eta_for(40, samples_of(32))
+    assert decide(callback, state, samples_of(32)) == (40, 40)
+    callback.settings.eta = eta_for(20, samples_of(40))
+    assert decide(callback, state, samples_of(40)) == (40, 40)
+    assert state.global_batch.size == 40
+
+
+def test_stagewise_warmup_splits_the_token_budget_evenly(tmp_path):
+    overrides = ["technique.batch_warmup.stage_sizes=[16,32,64]", "token_budget=3000", "batch.global_batch_size=16",
+                 "batch.micro_batch_size=8", "batch.max_global_batch_size=64"]  # fmt: skip
+    cfg = compose_config(TINY + ["+technique=batch_warmup"] + overrides, tmp_path)
+    settings = check_config(cfg)
+    warmup = settings.techniques["batch_warmup"]
     expected = {0: 16, 999: 16, 1000: 32, 1999: 32, 2000: 64, 2500: 64, 9000: 64}
     for tokens, size in expected.items():
-        assert warmup.size_at(TrainingClock(tokens=tokens)) == size, tokens
+        assert warmup.size_at(TrainingClock(tokens=tokens), settings.run) == size, tokens
 
 
-def test_linear_rampup_follows_megatron():
+def test_linear_rampup_follows_megatron(tmp_path):
     """16 -> 128 by 16: 7 increments over 4800 samples, one every 685.71 samples."""
-    rampup = LinearBatchRampup(start=16, increment=16, ramp_samples=4800)
-    rampup.prepare(fake_module(global_batch=128, micro=8))
+    cfg = compose_config(TINY + ["+technique=batch_rampup", "batch.global_batch_size=128", "batch.micro_batch_size=8"], tmp_path)
+    settings = check_config(cfg)
+    rampup = settings.techniques["batch_rampup"]
     expected = {0: 16, 685: 16, 686: 32, 1372: 48, 2742: 64, 2743: 80, 4114: 96, 4799: 112, 4800: 128, 10**6: 128}
     for sequences, size in expected.items():
-        assert rampup.size_at(TrainingClock(sequences=sequences)) == size, sequences
-
-
-def test_constant_batch_and_invalid_schedules():
-    assert ConstantBatch(size=48).size_at(TrainingClock(tokens=10**9)) == 48
-    with pytest.raises(BatchConfigError, match="multiple of increment"):
-        LinearBatchRampup(start=16, increment=24, ramp_samples=100).prepare(fake_module(global_batch=128, micro=8))
-    with pytest.raises(BatchConfigError, match="token_budget is null"):
-        StagewiseBatchWarmup(sizes=[8, 16]).prepare(fake_module(global_batch=8, micro=8))
-    with pytest.raises(ValueError, match="non-empty"):
-        StagewiseBatchWarmup(sizes=[])
-
-
-def test_only_one_callback_may_set_the_batch():
-    with pytest.raises(BatchConfigError, match="ConstantBatch, AdaptiveBatchSize"):
-        check_single_controller([ConstantBatch(size=8), AdaptiveBatchSize()])
+        assert rampup.size_at(TrainingClock(sequences=sequences), settings.run) == size, sequences
 
 
 @pytest.mark.parametrize(
-    "settings, message",
+    ("overrides", "message"),
     [
-        ({"test": "variance"}, "test='variance' is unknown"),
-        ({"samples": "layers"}, "samples='layers' is unknown"),
-        ({"eta": 0}, "eta=0 must be > 0"),
-        ({"every_n_steps": 0}, "every_n_steps=0"),
-        ({"min_global_batch_size": 64, "max_global_batch_size": 32}, "exceeds"),
+        (["+technique=batch_rampup", "technique.batch_rampup.increment=24", "batch.global_batch_size=128"], "multiple of increment"),
+        (["+technique=batch_warmup", "token_budget=null", "trainer.max_steps=5", "lr_schedule.name=constant"], "token_budget is null"),
+        (["+technique=batch_warmup", "technique.batch_warmup.stage_sizes=[]"], "non-empty"),
+        (["+technique=batch_warmup", "batch.max_global_batch_size=64"], "stage_sizes[3]=128 is not a multiple"),
+        (["+technique=constant_batch", "technique.constant_batch.size=9"], "size=9 is not a multiple of micro_batch x ranks = 2"),
+        (["+technique=[constant_batch,adaptive_batch]"], "technique.constant_batch and technique.adaptive_batch both do"),
+        (["+technique=adaptive_batch", "technique.adaptive_batch.test=variance"], "test='variance' is unknown"),
+        (["+technique=adaptive_batch", "technique.adaptive_batch.samples=layers"], "samples='layers' is unknown"),
+        (["+technique=adaptive_batch", "technique.adaptive_batch.eta=0"], "eta=0.0 must be > 0"),
+        (["+technique=adaptive_batch", "technique.adaptive_batch.every_n_steps=0"], "every_n_steps=0"),
+        (["+technique=adaptive_batch", "technique.adaptive_batch.min_global_batch_size=64",
+          "technique.adaptive_batch.max_global_batch_size=32"], "exceeds"),  # fmt: skip
+        (["+technique=adaptive_batch", "technique.adaptive_batch.samples=rank"], "samples=rank needs strategy=ddp"),
+        (["+technique=adaptive_batch", "batch.global_batch_size=2"], "needs >= 2 samples"),
+        (["+technique=adaptive_batch", "technique.adaptive_batch.min_global_batch_size=9"], "min_global_batch_size=9 must be a multiple"),
+        (["+technique=adaptive_batch", "technique.adaptive_batch.eta=abc"], "technique.adaptive_batch.eta='abc' must be a number"),
     ],
 )
-def test_adaptive_settings_are_checked(settings, message):
-    with pytest.raises(ValueError, match=message):
-        AdaptiveBatchSize(**settings)
+def test_impossible_settings_are_config_errors_naming_the_key(overrides, message, tmp_path):
+    with pytest.raises(ConfigError) as error:
+        check_config(compose_config(TINY + overrides, tmp_path))
+    assert message in str(error.value)

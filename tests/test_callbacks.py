@@ -1,67 +1,60 @@
-"""Validation schedule and throughput arithmetic against hand-computed values."""
+"""Validation schedule, throughput and progress bar against hand-computed values.
+
+The callbacks run on the real training state (``TrainingState``), driven step by step as
+the training module drives it; the trainer is a stand-in with the fields they read.
+"""
 
 from types import SimpleNamespace
 
 import pytest
-import torch
 
-from callbacks import throughput as throughput_module
-from callbacks.throughput import Throughput
-from callbacks.validation_schedule import ValidationSchedule
-from lightning_modules.clock import TrainingClock
-from lightning_modules.llama import LlamaConfig
-from lightning_modules.parallelism import LayoutConfig
-
-CONFIG = LlamaConfig(vocab_size=256, n_layers=2, d_model=64, n_heads=4, n_kv_heads=2, mlp_hidden=128)
-
-INF = float("inf")
+from callbacks.infrastructure import throughput as throughput_module
+from callbacks.infrastructure.progress_bar import readable
+from callbacks.infrastructure.throughput import Throughput
+from callbacks.infrastructure.validation_schedule import NEVER, ValidationSchedule
+from lightning_modules.flops import peak_flops
+from tests.run_helpers import training_state
 
 
-def fake_module(steps: int = 0, tokens: int = 0, boundary: bool = True, checkpointing: str = "none"):
-    return SimpleNamespace(
-        clock=TrainingClock(steps=steps, tokens=tokens),
-        at_step_boundary=boundary,
-        step_metrics={},
-        device=torch.device("cpu"),
-        model_config=CONFIG,
-        layout=LayoutConfig(activation_checkpointing=checkpointing),
-        trained_seq_len=64,
-    )
+def fake_trainer(batch_idx: int = 0):
+    epoch_loop = SimpleNamespace(batch_idx=batch_idx)
+    return SimpleNamespace(val_check_batch=NEVER, world_size=2, is_global_zero=True,
+                           fit_loop=SimpleNamespace(epoch_loop=epoch_loop))  # fmt: skip
 
 
-def fake_trainer(max_steps: int = -1):
-    return SimpleNamespace(max_steps=max_steps, val_check_batch=INF, world_size=2)
+def end_step(state, tokens: int, stopping: bool = False, seq_len: int = 64) -> None:
+    """What the training module does at the end of an optimizer step."""
+    state.clock.advance(sequences=1, tokens=tokens)
+    state.seq_len, state.stopping = seq_len, stopping
 
 
-def validated_steps(schedule: ValidationSchedule, tokens_per_step: list[int], max_steps: int = -1) -> list[int]:
-    """Steps after which the schedule asks Lightning to validate."""
-    trainer, module, due = fake_trainer(max_steps), fake_module(), []
+def validated_steps(schedule: ValidationSchedule, tokens_per_step: list[int], last: int | None = None) -> list[int]:
+    """Steps after which the schedule asks Lightning to validate (``last``: the step training stops at)."""
+    trainer, state, due = fake_trainer(), training_state(), []
+    schedule.setup(trainer, None, "fit")
     for batch_idx, tokens in enumerate(tokens_per_step):
-        module.clock.advance(sequences=1, tokens=tokens)
-        schedule.on_train_batch_end(trainer, module, None, None, batch_idx)
-        if trainer.val_check_batch != INF:
+        trainer.fit_loop.epoch_loop.batch_idx = batch_idx
+        schedule.on_step_start(state)
+        assert trainer.val_check_batch == NEVER  # never inside a step
+        end_step(state, tokens, stopping=state.clock.steps + 1 == last)
+        schedule.on_step_end(state)
+        if trainer.val_check_batch != NEVER:
             assert (batch_idx + 1) % trainer.val_check_batch == 0  # Lightning's own test
-            due.append(module.clock.steps)
+            due.append(state.clock.steps)
     return due
 
 
 def test_every_n_steps():
-    assert validated_steps(ValidationSchedule(every_n_steps=3), [10] * 10) == [3, 6, 9]
+    assert validated_steps(ValidationSchedule(every_n_steps=3, every_n_tokens=None), [10] * 10) == [3, 6, 9]
 
 
-def test_every_n_tokens_with_growing_steps():
-    # cumulative tokens: 40, 80, 160, 320, 640 -> crossings of multiples of 100 at steps 3, 4, 5
-    assert validated_steps(ValidationSchedule(every_n_tokens=100), [40, 40, 80, 160, 320]) == [3, 4, 5]
+def test_every_n_tokens_validates_once_per_crossed_mark():
+    schedule = ValidationSchedule(every_n_steps=None, every_n_tokens=100)
+    assert validated_steps(schedule, [40, 40, 80, 160, 320]) == [3, 4, 5]
 
 
-def test_last_step_at_max_steps_validates():
-    assert validated_steps(ValidationSchedule(every_n_steps=4), [10] * 5, max_steps=5) == [4, 5]
-
-
-def test_no_validation_inside_gradient_accumulation():
-    schedule, trainer = ValidationSchedule(every_n_steps=1), fake_trainer()
-    schedule.on_train_batch_end(trainer, fake_module(steps=3, boundary=False), None, None, 0)
-    assert trainer.val_check_batch == INF
+def test_the_last_step_is_validated():
+    assert validated_steps(ValidationSchedule(every_n_steps=4, every_n_tokens=None), [10] * 5, last=5) == [4, 5]
 
 
 def test_schedule_needs_exactly_one_interval():
@@ -75,61 +68,73 @@ def fake_clock(monkeypatch) -> list[float]:
     return now
 
 
-def test_throughput_is_tokens_over_time_and_skips_validation(monkeypatch):
-    now = fake_clock(monkeypatch)
-    callback, trainer, module = Throughput(window=2, warmup_steps=1), fake_trainer(), fake_module()
-
-    def step(seconds: float, tokens: int) -> None:
+def run_steps(callback, state, now, steps: list[tuple[float, int, int]]) -> None:
+    for seconds, tokens, seq_len in steps:
         now[0] += seconds
-        module.clock.advance(sequences=1, tokens=tokens)
-        callback.on_train_batch_end(trainer, module, None, None, 0)
+        end_step(state, tokens, seq_len=seq_len)
+        callback.on_step_end(state)
 
-    step(5.0, 1000)  # warm-up step: not measured
-    step(1.0, 1000)  # first mark
-    step(2.0, 1000)  # 1000 tokens in 2 s
-    assert module.step_metrics["perf/tokens_per_sec"] == pytest.approx(500.0)
-    callback.on_validation_start(trainer, module)
+
+def started(callback: Throughput, state) -> None:
+    callback.on_train_start(fake_trainer(), SimpleNamespace(training_state=state))
+
+
+def test_throughput_is_tokens_over_time_between_logging_steps_and_skips_validation(monkeypatch):
+    now = fake_clock(monkeypatch)
+    callback = Throughput(warmup_steps=1, peak_flops_per_device=None, include_embedding=False)
+    state = training_state(log_every_n_steps=2)
+    started(callback, state)
+    run_steps(callback, state, now, [(5.0, 1000, 64)])  # warm-up step: marks its end
+    run_steps(callback, state, now, [(2.0, 1000, 64)])  # step 2, a logging step: 1000 tokens in 2 s
+    assert state.metrics.values["perf/tokens_per_sec"] == pytest.approx(500.0)
+    state.metrics.clear()
+    run_steps(callback, state, now, [(1.0, 1000, 64)])  # step 3: not logged, nothing measured
+    assert "perf/tokens_per_sec" not in state.metrics.values
+    callback.on_validation_start(None, SimpleNamespace(training_state=state))
     now[0] += 30.0  # validation time does not count
-    callback.on_validation_end(trainer, module)
-    step(2.0, 3000)  # window of 2 steps: 4000 tokens in 4 s
-    assert module.step_metrics["perf/tokens_per_sec"] == pytest.approx(1000.0)
-    assert module.step_metrics["perf/tokens_per_sec_per_device"] == pytest.approx(500.0)
+    callback.on_validation_end(None, SimpleNamespace(training_state=state))
+    run_steps(callback, state, now, [(1.0, 3000, 64)])  # steps 3-4: 4000 tokens in 2 s
+    assert state.metrics.values["perf/tokens_per_sec"] == pytest.approx(2000.0)
+    assert state.metrics.values["perf/tokens_per_sec_per_device"] == pytest.approx(1000.0)
 
 
 def by_hand_flops_per_token(seq_len: int) -> int:
-    """PaLM's 6N + 12 L H Q T for CONFIG, N counted by hand: attention, MLP and output head."""
+    """PaLM's 6N + 12 L H Q T for the test model, N counted by hand: attention, MLP and output head."""
     d, kv, hidden, vocab, layers = 64, 2 * 16, 128, 256, 2
     n = layers * (2 * d * d + 2 * d * kv + 3 * d * hidden) + vocab * d
     return 6 * n + 12 * layers * 4 * 16 * seq_len
 
 
 def test_mfu_uses_each_steps_sequence_length(monkeypatch):
-    """Two steps at T=32 and T=64 (sequence-length warmup): FLOPs summed step by step."""
-    now = fake_clock(monkeypatch)
-    peak = 1e9
-    callback = Throughput(window=5, warmup_steps=0, peak_flops_per_device=peak)
-    trainer, module = fake_trainer(), fake_module()
-    callback.on_train_start(trainer, module)
-    for seconds, tokens, seq_len in [(1.0, 100, 32), (2.0, 300, 32), (4.0, 500, 64)]:
-        now[0] += seconds
-        module.trained_seq_len = seq_len
-        module.clock.advance(sequences=1, tokens=tokens)
-        callback.on_train_batch_end(trainer, module, None, None, 0)
-    flops = 300 * by_hand_flops_per_token(32) + 500 * by_hand_flops_per_token(64)
-    assert module.step_metrics["perf/mfu"] == pytest.approx(flops / (6.0 * 2 * peak))
-    assert module.step_metrics["perf/hfu"] == pytest.approx(module.step_metrics["perf/mfu"])
-    assert module.step_metrics["perf/model_flops_per_token"] == by_hand_flops_per_token(64)
+    """Three steps at T=32, 32 and 64 (sequence-length warmup): FLOPs summed step by step."""
+    now, peak = fake_clock(monkeypatch), 1e9
+    callback = Throughput(warmup_steps=0, peak_flops_per_device=peak, include_embedding=False)
+    state = training_state(log_every_n_steps=3)
+    started(callback, state)
+    run_steps(callback, state, now, [(1.0, 100, 32), (2.0, 300, 32), (4.0, 500, 64)])
+    flops = 100 * by_hand_flops_per_token(32) + 300 * by_hand_flops_per_token(32) + 500 * by_hand_flops_per_token(64)
+    metrics = state.metrics.values
+    assert metrics["perf/mfu"] == pytest.approx(flops / (7.0 * 2 * peak))
+    assert metrics["perf/hfu"] == pytest.approx(metrics["perf/mfu"])
+    assert metrics["perf/model_flops_per_token"] == by_hand_flops_per_token(64)
 
 
 def test_hfu_counts_the_recomputed_forward(monkeypatch):
     now = fake_clock(monkeypatch)
-    callback = Throughput(window=5, warmup_steps=0, peak_flops_per_device=1e9)
-    trainer, module = fake_trainer(), fake_module(checkpointing="mlp")
-    callback.on_train_start(trainer, module)
-    for _ in range(2):
-        now[0] += 1.0
-        module.clock.advance(sequences=1, tokens=100)
-        callback.on_train_batch_end(trainer, module, None, None, 0)
+    callback = Throughput(warmup_steps=0, peak_flops_per_device=1e9, include_embedding=False)
+    state = training_state(checkpointing="mlp", log_every_n_steps=2)
+    started(callback, state)
+    run_steps(callback, state, now, [(1.0, 100, 64), (1.0, 100, 64)])
     mlp_forward = 2 * 2 * (3 * 64 * 128)  # one more forward of each layer's MLP
     ratio = (by_hand_flops_per_token(64) + mlp_forward) / by_hand_flops_per_token(64)
-    assert module.step_metrics["perf/hfu"] / module.step_metrics["perf/mfu"] == pytest.approx(ratio)
+    assert state.metrics.values["perf/hfu"] / state.metrics.values["perf/mfu"] == pytest.approx(ratio)
+
+
+def test_peak_table_matches_device_names_exactly():
+    assert peak_flops("NVIDIA H100 80GB HBM3") == 989e12
+    assert peak_flops("NVIDIA L40S") == 362e12 and peak_flops("NVIDIA L4") == 121e12  # not each other's
+    assert peak_flops("NVIDIA H100 80GB HBM3 (custom)") is None and peak_flops("Some GPU") is None
+
+
+def test_progress_bar_numbers_are_readable():
+    assert [readable(x) for x in (1_020_000, 8_900, 2.56034, 2_500_000_000, 512.0)] == ["1.02M", "8.9k", "2.560", "2.5G", "512"]

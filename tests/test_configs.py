@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 from hydra import compose, initialize_config_dir
 
-from launch.config_checks import check_config
+from launch.run_settings import check_config
 from tests.run_helpers import REPO, compose_config
 
 
@@ -17,6 +17,7 @@ def choices(group: str) -> list[str]:
     "override",
     [f"model={name}" for name in choices("model")]
     + [f"+experiment={name}" for name in choices("experiment")]
+    + [f"+technique={name}" for name in choices("technique")]
     + [f"logger={name}" for name in choices("logger")]
     + [f"callbacks={name}" for name in choices("callbacks")]
     + ["trainer=gpu", "strategy=ddp", "strategy=fsdp2"],
@@ -31,3 +32,12 @@ def test_slurm_launcher_composes():
         cfg = compose("train", overrides=["hydra/launcher=slurm", "trainer.devices=8"], return_hydra_config=True)
     assert cfg.hydra.launcher._target_.endswith("SlurmLauncher")
     assert cfg.hydra.launcher.tasks_per_node == 8
+
+
+def test_two_techniques_compose_into_one_run(tmp_path: Path):
+    """The README's combination: each technique file adds its node, experiments compose them alike."""
+    cfg = compose_config(["+technique=[seq_len_warmup,adaptive_batch]", "batch.max_micro_batch_size=4"], tmp_path)
+    settings = check_config(cfg)
+    assert list(settings.techniques) == ["seq_len_warmup", "adaptive_batch"]
+    combined = check_config(compose_config(["+experiment=combined"], tmp_path)).techniques
+    assert list(combined) == ["seq_len_warmup", "adaptive_batch", "diloco"]

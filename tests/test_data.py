@@ -58,7 +58,8 @@ def byte_stream(documents: list[str]) -> list[int]:
 
 
 def datamodule(tmp_path: Path, source: dict, **overrides) -> TextDataModule:
-    settings = dict(tokenizer={"kind": "byte"}, seq_len=16, micro_batch_size=2, val_fraction=0.25)
+    settings = dict(tokenizer={"kind": "byte"}, seq_len=16, micro_batch_size=2, val_fraction=0.25, val_max_rows=None,
+                    shuffle=True, seed=0)  # fmt: skip
     settings.update(overrides)
     return TextDataModule(source=source, cache_dir=str(tmp_path / "cache"), **settings)
 
@@ -417,13 +418,15 @@ def test_too_little_data_for_the_packing_names_the_settings(tmp_path):
         ({"val_fraction": 0.0}, r"data\.val_fraction must be a number in \(0, 0\.5\)"),
         ({"val_fraction": 0.5}, r"data\.val_fraction"),
         ({"seq_len": 4}, r"data\.seq_len must be an integer >= 8"),
-        ({"micro_batch_size": 0}, r"data\.micro_batch_size"),
+        ({"micro_batch_size": 0}, r"batch\.micro_batch_size"),
         ({"val_max_rows": 0}, r"data\.val_max_rows"),
     ],
 )
 def test_bad_settings_fail_early_naming_the_setting(tmp_path, overrides, message):
     (tmp_path / "d.csv").write_text("text\nhello\n")
-    settings = {"source": {"kind": "embedded"}, "tokenizer": {"kind": "byte"}, "cache_dir": str(tmp_path / "cache")}
+    settings = {"source": {"kind": "embedded"}, "tokenizer": {"kind": "byte"}, "cache_dir": str(tmp_path / "cache"),
+                "seq_len": 16, "micro_batch_size": 2, "val_fraction": 0.25, "val_max_rows": None, "shuffle": True,
+                "seed": 0}  # fmt: skip
     settings.update(json.loads(json.dumps(overrides).replace("{tmp}", str(tmp_path))))
     with pytest.raises((ValueError, FileNotFoundError), match=message):
         TextDataModule(**settings)
@@ -435,11 +438,11 @@ def test_hydra_data_configs_compose_and_instantiate(tmp_path):
     from hydra.utils import instantiate
 
     (tmp_path / "a.txt").write_text("one\n\ntwo")
-    common = ["+batch.micro_batch_size=4", "+seed=3", f"+paths.cache_dir={tmp_path / 'cache'}"]
+    common = ["+seed=3", f"+paths.cache_dir={tmp_path / 'cache'}"]
     conf_dir = str(Path(__file__).resolve().parents[1] / "conf")
     with initialize_config_dir(config_dir=conf_dir, version_base=None):
         modules = {
-            name: instantiate(compose(overrides=[f"+data={name}", *common, *extra]).data)
+            name: instantiate(compose(overrides=[f"+data={name}", *common, *extra]).data, micro_batch_size=4)
             for name, extra in {
                 "embedded": ["data.tokenizer.kind=bpe"],
                 "local_files": [f"data.source.paths=[{tmp_path / '*.txt'}]", "data.source.max_tokens=1e6"],

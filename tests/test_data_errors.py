@@ -45,7 +45,8 @@ def good_lines(count: int = 40) -> str:
 
 
 def datamodule(tmp_path: Path, source: dict, **overrides) -> TextDataModule:
-    settings = dict(tokenizer={"kind": "byte"}, seq_len=16, micro_batch_size=2, val_fraction=0.25)
+    settings = dict(tokenizer={"kind": "byte"}, seq_len=16, micro_batch_size=2, val_fraction=0.25, val_max_rows=None,
+                    shuffle=True, seed=0)  # fmt: skip
     settings.update(overrides)
     return TextDataModule(source=source, cache_dir=str(tmp_path / "cache"), **settings)
 
@@ -86,7 +87,7 @@ def assert_no_cache(cache_dir: Path) -> None:
         ({"seq_len": "abc"}, r"^data\.seq_len must be an integer >= 8, got 'abc'$"),
         ({"val_fraction": 0.7}, r"^data\.val_fraction must be a number in \(0, 0\.5\), got 0\.7$"),
         ({"val_fraction": "abc"}, r"^data\.val_fraction must be a number"),
-        ({"micro_batch_size": 0}, r"^data\.micro_batch_size must be an integer >= 1"),
+        ({"micro_batch_size": 0}, r"^batch\.micro_batch_size must be an integer >= 1"),
         ({"val_max_rows": 0}, r"^data\.val_max_rows must be a positive integer or null"),
         ({"shuffle": "yes"}, r"^data\.shuffle must be true or false"),
         ({"seed": 1.5}, r"^data\.seed must be an integer"),
@@ -352,7 +353,7 @@ def test_bpe_training_logs_one_line_with_size_documents_time_and_path(tmp_path, 
 
 
 def compose_data(tmp_path: Path, overrides: list[str]) -> TextDataModule:
-    return instantiate(compose_config(overrides, tmp_path).data, _convert_="all")
+    return instantiate(compose_config(overrides, tmp_path).data, micro_batch_size=2, _convert_="all")
 
 
 def test_hydra_composes_every_tokenizer_and_source_key(tmp_path):

@@ -10,23 +10,26 @@
 
 import copy
 
-import lightning as L
 import pytest
 import torch
 
-from callbacks.diloco_outer_step import OuterOptimizer, average_in_process, quantize
-from launch.builders import build_callbacks, build_datamodule, build_module, build_trainer
-from launch.config_checks import check_config
-from tests.run_helpers import TINY, checkpoint_weights, compose_config, run_train
+from callbacks.diloco.exchange import average_in_process, quantize
+from callbacks.diloco.outer_step import OuterStep
+from tests.run_helpers import TINY, checkpoint_weights, compose_config, fit_in_process, run_train
 
 DILOCO = TINY + [
     "+experiment=diloco",
     "batch.micro_batch_size=2",
     "batch.global_batch_size=4",
-    "diloco.sync_every=2",
+    "technique.diloco.sync_every=2",
     "logger=none",
     "callbacks.validation_schedule.every_n_steps=1000",
 ]
+
+
+def nesterov(lr: float, momentum: float = 0.9):
+    """The default outer optimizer (torch.optim.SGD with Nesterov momentum), as the settings build it."""
+    return lambda anchors: torch.optim.SGD(anchors, lr=lr, momentum=momentum, nesterov=momentum > 0)
 REAL = ["strategy=fsdp2", "strategy.save_distributed_checkpoint=false", "trainer.accelerator=cpu"]
 
 
@@ -38,17 +41,17 @@ def test_two_rounds_by_hand():
     anchor = 0.468 - 0.38374 = 0.08426.
     """
     anchor = [torch.tensor([1.0])]
-    outer = OuterOptimizer(anchor, lr=0.7, momentum=0.9)
+    outer = OuterStep(anchor, nesterov(lr=0.7))
     for replicas, expected in (([0.5, 0.7], 0.468), ([0.3, 0.4], 0.08426)):
         deltas = [anchor[0] - torch.tensor([value]) for value in replicas]
-        outer.step([average_in_process(deltas, "none")])
+        outer.step([0], [average_in_process(deltas, "none")])
         assert anchor[0].item() == pytest.approx(expected, abs=1e-6)
 
 
 def test_plain_outer_sgd_moves_the_anchor_to_the_replica_mean():
     anchor = [torch.tensor([2.0, -1.0])]
     deltas = [anchor[0] - torch.tensor([1.0, 0.0]), anchor[0] - torch.tensor([0.0, 1.0])]
-    OuterOptimizer(anchor, lr=1.0, momentum=0.0).step([average_in_process(deltas, "none")])
+    OuterStep(anchor, nesterov(lr=1.0, momentum=0.0)).step([0], [average_in_process(deltas, "none")])
     torch.testing.assert_close(anchor[0], torch.tensor([0.5, 0.5]))
 
 
@@ -81,7 +84,8 @@ def test_one_replica_with_unit_outer_sgd_is_plain_training(tmp_path, tmp_path_fa
     common = TINY + ["batch.micro_batch_size=2", "batch.global_batch_size=4", "trainer.max_steps=4", "logger=none"]
     plain = train(common, tmp_path / "plain", tmp_path_factory)
     diloco = train(
-        DILOCO + ["trainer.max_steps=4", "diloco.replicas=1", "diloco.outer_lr=1.0", "diloco.outer_momentum=0"],
+        DILOCO + ["trainer.max_steps=4", "technique.diloco.replicas=1", "technique.diloco.outer_lr=1.0",
+                  "technique.diloco.outer_optimizer.momentum=0", "technique.diloco.outer_optimizer.nesterov=false"],  # fmt: skip
         tmp_path / "diloco",
         tmp_path_factory,
     )
@@ -103,23 +107,22 @@ class EachBatchTwice:
         return 2 * len(self.loader)
 
 
-def fit_in_process(tmp_path, overrides, duplicate: bool) -> dict[str, torch.Tensor]:
-    cfg = compose_config(DILOCO + ["lr_schedule.name=constant", "token_budget=null", "diloco.outer_lr=0.7"] + overrides, tmp_path)
-    L.seed_everything(cfg.seed, verbose=False)
-    datamodule = build_datamodule(cfg)
-    if duplicate:
+def fit_weights(tmp_path, overrides, duplicate: bool) -> dict[str, torch.Tensor]:
+    common = ["lr_schedule.name=constant", "token_budget=null", "technique.diloco.outer_lr=0.7"]
+    cfg = compose_config(DILOCO + common + overrides, tmp_path)
+
+    def serve_twice(datamodule) -> None:
         original = datamodule.train_dataloader
         datamodule.train_dataloader = lambda: EachBatchTwice(original())
-    module = build_module(cfg, check_config(cfg), datamodule.vocab_size)
-    trainer = build_trainer(cfg, loggers=[], callbacks=build_callbacks(cfg))
-    trainer.fit(module, datamodule=datamodule)
+
+    module, _ = fit_in_process(cfg, datamodule_hook=serve_twice if duplicate else None)
     return {name: value.detach().clone() for name, value in module.model.state_dict().items()}
 
 
 def test_two_replicas_fed_identical_data_equal_one(tmp_path):
     """Same outer lr for both (the default depends on M); 5 global steps: 2 rounds and a partial one."""
-    one = fit_in_process(tmp_path / "one", ["diloco.replicas=1", "batch.global_batch_size=2", "trainer.max_steps=5"], False)
-    two = fit_in_process(tmp_path / "two", ["diloco.replicas=2", "batch.global_batch_size=4", "trainer.max_steps=10"], True)
+    one = fit_weights(tmp_path / "one", ["technique.diloco.replicas=1", "batch.global_batch_size=2", "trainer.max_steps=5"], False)
+    two = fit_weights(tmp_path / "two", ["technique.diloco.replicas=2", "batch.global_batch_size=4", "trainer.max_steps=10"], True)
     assert_same_weights(two, one, atol=1e-6)
 
 
@@ -137,7 +140,7 @@ def test_simulated_replicas_equal_real_ones(simulated_two_replicas, tmp_path, tm
 
 def test_int8_exchange_matches_its_simulation(tmp_path, tmp_path_factory):
     """The real all-gather of int8 values and scales rounds exactly as the simulation does."""
-    int8 = DILOCO + ["diloco.compression=int8"]
+    int8 = DILOCO + ["technique.diloco.compression=int8"]
     simulated = train(int8 + ["trainer.max_steps=8"], tmp_path / "simulated", tmp_path_factory)
     real = train(int8 + REAL + ["trainer.devices=2", "trainer.max_steps=4"], tmp_path / "real", tmp_path_factory)
     assert_same_weights(real, simulated, atol=1e-5)
@@ -171,10 +174,15 @@ def test_resume_mid_round_is_exact(overrides, resume_step, simulated_two_replica
 @pytest.mark.parametrize(
     "overrides, message",
     [
-        (["trainer.max_steps=3"], "make it a multiple of diloco.replicas"),
-        (["batch.global_batch_size=6"], "must split into 2 replica batches"),
-        (["strategy=ddp", "trainer.devices=2", "trainer.accelerator=cpu", "diloco.simulated=false"], "needs strategy=fsdp2"),
-        (["diloco.compression=fp8"], "compression='fp8' is unknown"),
+        (["trainer.max_steps=3"], "make it a multiple of technique.diloco.replicas"),
+        (["batch.global_batch_size=6"], "micro_batch_size=2 does not divide each rank's share of the global batch (6 over"
+                                        " 1 data-parallel rank(s) x 2 simulated replicas = 3 sequences)"),  # fmt: skip
+        (["strategy=ddp", "trainer.devices=2", "trainer.accelerator=cpu", "technique.diloco.simulated=false"],
+         "needs strategy=fsdp2"),  # fmt: skip
+        (["technique.diloco.compression=fp8"], "compression='fp8' is unknown"),
+        (["technique.diloco.outer_optimizer._target_=torch.optim.Nope"], "is not a torch.optim optimizer class"),
+        (["technique.diloco.outer_optimizer.momentum=abc"], "technique.diloco.outer_optimizer"),
+        (["technique.diloco.fragments=3"], "fragments=3 must be >= 1 and divide technique.diloco.sync_every=2"),
     ],
 )
 def test_impossible_settings_fail_with_a_message(overrides, message, tmp_path, tmp_path_factory):
@@ -185,7 +193,21 @@ def test_impossible_settings_fail_with_a_message(overrides, message, tmp_path, t
 
 def test_a_partial_round_ends_at_the_replica_mean_without_momentum():
     anchor = [torch.tensor([1.0])]
-    outer = OuterOptimizer(anchor, lr=0.7, momentum=0.9)
-    outer.step([torch.tensor([0.4])])  # a full round: anchor 0.468, momentum 0.4
-    outer.average([average_in_process([anchor[0] - 0.3, anchor[0] - 0.4], "none")])
-    assert anchor[0].item() == pytest.approx(0.35) and outer.buffers[0].item() == pytest.approx(0.4)
+    outer = OuterStep(anchor, nesterov(lr=0.7))
+    outer.step([0], [torch.tensor([0.4])])  # a full round: anchor 0.468, momentum 0.4
+    outer.average([0], [average_in_process([anchor[0] - 0.3, anchor[0] - 0.4], "none")])
+    momentum = outer.optimizer.state[anchor[0]]["momentum_buffer"]
+    assert anchor[0].item() == pytest.approx(0.35) and momentum.item() == pytest.approx(0.4)
+
+
+def test_any_torch_optimizer_is_the_outer_optimizer_and_checkpoints_through_its_state_dict():
+    """Adam as the outer optimizer: one step by hand, and a restored copy continues identically."""
+    anchor = [torch.tensor([1.0, 2.0])]
+    outer = OuterStep(anchor, lambda anchors: torch.optim.Adam(anchors, lr=0.1))
+    outer.step([0], [torch.tensor([0.5, -0.5])])
+    torch.testing.assert_close(anchor[0], torch.tensor([0.9, 2.1]))  # Adam's first step is lr * sign
+    restored = OuterStep([torch.zeros(2)], lambda anchors: torch.optim.Adam(anchors, lr=0.1))
+    restored.load_state_dict(copy.deepcopy(outer.state_dict()))  # as through a checkpoint file
+    for each in (outer, restored):
+        each.step([0], [torch.tensor([0.2, 0.1])])
+    torch.testing.assert_close(restored.anchors[0], anchor[0], rtol=0, atol=0)

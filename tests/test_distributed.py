@@ -61,8 +61,8 @@ def test_fsdp2_sharded_checkpoint_resumes_exactly(tmp_path, tmp_path_factory):
 
 WARMUP = [
     "+experiment=seqlen_warmup",
-    "callbacks.seq_len_warmup.total_curriculum_step=3",
-    "callbacks.seq_len_warmup.mode=reshape",
+    "technique.seq_len_warmup.total_curriculum_step=3",
+    "technique.seq_len_warmup.mode=reshape",
 ]
 
 

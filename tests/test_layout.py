@@ -8,7 +8,9 @@ import torch.nn.functional as F
 
 from lightning_modules.llama import Llama, LlamaConfig
 from lightning_modules.optim import parameter_groups
+from launch.errors import ConfigError
 from lightning_modules.parallelism import LayoutConfig, apply_layout, attention_backend
+from tests.run_helpers import default_settings
 
 CONFIG = LlamaConfig(vocab_size=64, n_layers=2, d_model=32, n_heads=4, n_kv_heads=2, mlp_hidden=64)
 
@@ -24,7 +26,7 @@ def test_activation_checkpointing_recomputes_the_same_gradients(mode):
     torch.manual_seed(0)
     reference = Llama(CONFIG)
     checkpointed = copy.deepcopy(reference)
-    apply_layout(checkpointed, LayoutConfig(activation_checkpointing=mode))
+    apply_layout(checkpointed, default_settings(LayoutConfig, "layout", activation_checkpointing=mode))
     tokens = torch.randint(0, 64, (2, 17))
 
     loss, grads = loss_and_grads(reference, tokens)
@@ -37,9 +39,28 @@ def test_activation_checkpointing_recomputes_the_same_gradients(mode):
         torch.testing.assert_close(grad_ckpt, grad, rtol=0, atol=0)
 
 
-def test_unknown_checkpointing_mode_is_rejected():
-    with pytest.raises(ValueError, match="layout.activation_checkpointing='selective'"):
-        LayoutConfig(activation_checkpointing="selective")
+@pytest.mark.parametrize(
+    ("setting", "value"), [("activation_checkpointing", "selective"), ("compile", True), ("loss", "fused")]
+)
+def test_unknown_layout_choices_are_rejected(setting, value):
+    with pytest.raises(ConfigError, match=f"layout.{setting}"):
+        default_settings(LayoutConfig, "layout", **{setting: value})
+
+
+@pytest.mark.parametrize(("loss", "compile"), [("chunked", "none"), ("plain", "blocks"), ("chunked", "model")])
+def test_loss_kernels_and_compile_give_the_plain_loss_and_gradients(loss, compile):
+    """The model's loss path (labels given) against logits then fp32 cross-entropy, outside the model."""
+    torch.manual_seed(0)
+    reference = Llama(CONFIG)
+    laid_out = copy.deepcopy(reference)
+    apply_layout(laid_out, default_settings(LayoutConfig, "layout", loss=loss, compile=compile))
+    tokens = torch.randint(0, 64, (2, 17))
+    loss_ref, grads_ref = loss_and_grads(reference, tokens)
+    loss_new = laid_out(tokens[:, :-1], labels=tokens[:, 1:])
+    loss_new.backward()
+    torch.testing.assert_close(loss_new, loss_ref, rtol=1e-6, atol=1e-6)
+    for param, grad in zip(laid_out.parameters(), grads_ref, strict=True):
+        torch.testing.assert_close(param.grad, grad, rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize("backend", ["math", "flash"])

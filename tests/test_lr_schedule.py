@@ -5,12 +5,20 @@ import math
 import pytest
 
 from lightning_modules.lr_schedule import LRScheduleConfig, learning_rate
+from tests.run_helpers import default_settings
 
 PEAK, BUDGET = 1.0, 1000
+# The settings that each test does not name: no warmup, so the hand-computed values stay simple.
+NONE_NAMED = {"warmup_steps": 0, "warmup_tokens": 0}
+
+
+def schedule(**settings) -> LRScheduleConfig:
+    """conf/train.yaml's lr_schedule with these settings (the YAML holds the defaults)."""
+    return default_settings(LRScheduleConfig, "lr_schedule", **{**NONE_NAMED, **settings})
 
 
 def lr(name: str, step: int, tokens: int, **kwargs) -> float:
-    return learning_rate(PEAK, LRScheduleConfig(name=name, **kwargs), step, tokens, BUDGET)
+    return learning_rate(PEAK, schedule(name=name, **kwargs), step, tokens, BUDGET)
 
 
 def test_step_warmup_is_linear_in_steps():
@@ -52,8 +60,8 @@ def test_lr_depends_on_tokens_not_on_steps_after_warmup():
 
 def test_bad_settings_name_the_key():
     with pytest.raises(ValueError, match="lr_schedule.name"):
-        LRScheduleConfig(name="exponential")
+        schedule(name="exponential")
     with pytest.raises(ValueError, match="warmup_steps and lr_schedule.warmup_tokens"):
-        LRScheduleConfig(warmup_steps=5, warmup_tokens=5)
+        schedule(warmup_steps=5, warmup_tokens=5)
     with pytest.raises(ValueError, match="token budget"):
-        learning_rate(1.0, LRScheduleConfig(name="cosine"), 1, 0, None)
+        learning_rate(1.0, schedule(name="cosine"), 1, 0, None)

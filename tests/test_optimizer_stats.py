@@ -10,16 +10,12 @@ states, never reduced) against their checkpoints' full optimizer state and the i
 import csv
 import math
 from pathlib import Path
-from types import SimpleNamespace
 
-import lightning as L
 import pytest
 import torch
 
-from callbacks.optimizer_stats import OptimizerStatistics
-from launch.builders import build_callbacks, build_datamodule, build_module, build_trainer
-from launch.config_checks import check_config
-from tests.run_helpers import TINY, compose_config, run_train
+from callbacks.infrastructure.optimizer_stats import OptimizerStatistics
+from tests.run_helpers import TINY, MemoryLogger, compose_config, fit_in_process, run_train, training_state
 
 ADAM_KEYS = ("stability/adam_v_l1", "stability/adam_v_l2", "stability/adam_v_max")
 RATIO = "stability/loss_spike_ratio"
@@ -40,34 +36,17 @@ def assert_close(actual: dict[str, float], expected: dict[str, float], rel: floa
 
 
 # ---------------------------------------------------------------- in process
-class CaptureStepMetrics(L.Callback):
-    """Copies the step's metrics after OptimizerStatistics added its own, before the module flushes them."""
-
-    def __init__(self) -> None:
-        self.rows: dict[int, dict[str, float]] = {}
-
-    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        if pl_module.at_step_boundary:
-            self.rows[pl_module.clock.steps] = dict(pl_module.step_metrics)
-
-
-def fit_in_process(tmp_path: Path, overrides: list[str], ckpt_path: Path | None = None):
-    """Train with the default callbacks (optimizer_stats among them); returns trainer and metrics by step."""
-    cfg = compose_config(SETTINGS + ["logger=none"] + overrides, tmp_path)
-    L.seed_everything(cfg.seed, workers=True, verbose=False)
-    datamodule = build_datamodule(cfg)
-    module = build_module(cfg, check_config(cfg), datamodule.vocab_size)
-    callbacks, capture = build_callbacks(cfg), CaptureStepMetrics()
-    stats = next(index for index, callback in enumerate(callbacks) if isinstance(callback, OptimizerStatistics))
-    callbacks.insert(stats + 1, capture)
-    trainer = build_trainer(cfg, loggers=[], callbacks=callbacks)
-    trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path)
-    return trainer, capture.rows
+def fit(tmp_path: Path, overrides: list[str], ckpt_path: Path | None = None):
+    """Train with the default callbacks (optimizer_stats among them); returns trainer and logged rows by step."""
+    cfg = compose_config(SETTINGS + ["logger=none"] + overrides + ([f"ckpt_path={ckpt_path}"] if ckpt_path else []), tmp_path)
+    logger = MemoryLogger()
+    _, trainer = fit_in_process(cfg, loggers=[logger])
+    return trainer, {step: row for step, row in logger.rows if RATIO in row}
 
 
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory):
-    return fit_in_process(tmp_path_factory.mktemp("uninterrupted"), [])
+    return fit(tmp_path_factory.mktemp("uninterrupted"), [])
 
 
 def test_second_moment_statistics_equal_the_optimizer_state(uninterrupted):
@@ -87,12 +66,12 @@ def test_loss_spike_ratio_is_loss_over_running_minimum(uninterrupted):
 def test_resumed_run_reports_the_same_signals(uninterrupted, tmp_path):
     """The running minimum travels in the checkpoint: ratios after resuming are unchanged."""
     _, reference = uninterrupted
-    first, _ = fit_in_process(tmp_path / "first", ["trainer.max_steps=2"])
+    first, _ = fit(tmp_path / "first", ["trainer.max_steps=2"])
     checkpoint = Path(first.checkpoint_callback.dirpath) / "last.ckpt"
     saved = torch.load(checkpoint, map_location="cpu", weights_only=False)["callbacks"]["OptimizerStatistics"]
     assert saved == {"min_loss": min(reference[1]["train/loss"], reference[2]["train/loss"])}
 
-    _, resumed = fit_in_process(tmp_path / "resumed", [], ckpt_path=checkpoint)
+    _, resumed = fit(tmp_path / "resumed", [], ckpt_path=checkpoint)
     assert sorted(resumed) == [3, 4]
     for step, metrics in resumed.items():
         assert {key: metrics[key] for key in (*ADAM_KEYS, RATIO)} == {
@@ -102,47 +81,38 @@ def test_resumed_run_reports_the_same_signals(uninterrupted, tmp_path):
 
 
 # ---------------------------------------------------------------- the callback alone
-def fake_step(callback: OptimizerStatistics, step: int, loss: float, optimizer, boundary: bool = True) -> dict:
-    """One call of the hook at the end of optimizer step ``step``; returns what it added."""
-    module = SimpleNamespace(
-        at_step_boundary=boundary,
-        clock=SimpleNamespace(steps=step),
-        step_metrics={"train/loss": loss},
-        device=torch.device("cpu"),
-    )
-    trainer = SimpleNamespace(optimizers=[optimizer], strategy=SimpleNamespace())
-    callback.on_train_batch_end(trainer, module, None, None, 0)
-    return {key: value for key, value in module.step_metrics.items() if key != "train/loss"}
+def fake_step(callback: OptimizerStatistics, state, loss: float, optimizer) -> dict:
+    """One optimizer step's end on the training state; returns what the callback recorded."""
+    state.metrics.clear()
+    state.clock.advance(sequences=1, tokens=1)
+    state.optimizer, state.step_loss = optimizer, torch.tensor(loss)
+    callback.on_step_end(state)
+    return {key: float(value) for key, value in state.metrics.values.items()}
 
 
-def test_every_n_steps_still_tracks_the_minimum_on_unlogged_steps():
+def test_the_minimum_is_tracked_on_unlogged_steps_too():
     weight = torch.nn.Parameter(torch.ones(3))
     optimizer = torch.optim.AdamW([weight])
-    callback = OptimizerStatistics(every_n_steps=2)
-    assert fake_step(callback, 1, 2.0, optimizer) == {}
-    assert fake_step(callback, 2, 3.0, optimizer) == {RATIO: 1.5}  # no optimizer state yet: ratio only
-    assert fake_step(callback, 3, 1.0, optimizer, boundary=False) == {}  # mid-accumulation: ignored
+    callback, state = OptimizerStatistics(), training_state(log_every_n_steps=2)
+    assert fake_step(callback, state, 2.0, optimizer) == {}  # step 1: not logged, minimum 2
+    assert fake_step(callback, state, 3.0, optimizer) == {RATIO: 1.5}  # no optimizer state yet: ratio only
     weight.grad = torch.tensor([1.0, -2.0, 0.0])
     optimizer.step()
-    metrics = fake_step(callback, 4, 3.0, optimizer)
+    fake_step(callback, state, 1.0, optimizer)  # step 3: new minimum, unlogged
+    metrics = fake_step(callback, state, 3.0, optimizer)
     v = (1 - 0.999) * weight.grad.square()  # AdamW's second moment after one step
-    assert metrics[RATIO] == 1.5
+    assert metrics[RATIO] == 3.0
     assert_close(metrics, dict(zip(ADAM_KEYS, (v.sum().item(), v.norm().item(), v.max().item()))), rel=1e-6)
 
 
 def test_state_round_trip_and_nan_losses():
-    callback = OptimizerStatistics()
+    callback, state = OptimizerStatistics(), training_state()
     optimizer = torch.optim.AdamW([torch.nn.Parameter(torch.ones(1))])
-    fake_step(callback, 1, 2.0, optimizer)
-    assert math.isnan(fake_step(callback, 2, math.nan, optimizer)[RATIO])
+    fake_step(callback, state, 2.0, optimizer)
+    assert math.isnan(fake_step(callback, state, math.nan, optimizer)[RATIO])
     restored = OptimizerStatistics()
     restored.load_state_dict(callback.state_dict())
-    assert fake_step(restored, 3, 3.0, optimizer) == fake_step(callback, 3, 3.0, optimizer) == {RATIO: 1.5}
-
-
-def test_every_n_steps_must_be_positive():
-    with pytest.raises(ValueError, match="callbacks.optimizer_stats.every_n_steps"):
-        OptimizerStatistics(every_n_steps=0)
+    assert fake_step(restored, training_state(), 3.0, optimizer) == fake_step(callback, state, 3.0, optimizer) == {RATIO: 1.5}
 
 
 # ---------------------------------------------------------------- 2 processes

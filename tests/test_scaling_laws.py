@@ -161,7 +161,7 @@ def write_fake_run(folder: Path, d_model: int, replicas: int | None, lr: float, 
         "data": {"seq_len": 64},
     }  # fmt: skip
     if replicas is not None:
-        config["diloco"] = {"replicas": replicas, "sync_every": 30}
+        config["technique"] = {"diloco": {"replicas": replicas, "sync_every": 30}}
     (folder / "csv").mkdir(parents=True)
     (folder / "csv" / "hparams.yaml").write_text(yaml.safe_dump(config))
     final = "" if loss is None else f"{loss!r}"

@@ -5,19 +5,19 @@ import lightning as L
 import pytest
 import torch
 
-from callbacks.seq_len_warmup import SequenceLengthWarmup
-from launch.builders import build_callbacks, build_datamodule, build_module, build_trainer
-from launch.config_checks import ConfigError, check_config
-from lightning_modules.llama_module import LlamaLightningModule
-from tests.run_helpers import OBSERVED, TINY, checkpoint_weights, compose_config, run_train
-
-WARMUP = "+callbacks.seq_len_warmup"
+from callbacks.seq_len_warmup.cutting import reshape, truncate
+from launch.errors import ConfigError
+from launch.run_settings import check_config
+from tests.run_helpers import OBSERVED, TINY, MemoryLogger, checkpoint_weights, compose_config, fit_in_process, run_train
 
 
 def warmup_overrides(**settings) -> list[str]:
-    values = {"_target_": "callbacks.seq_len_warmup.SequenceLengthWarmup", "packed_length": "${data.seq_len}",
-              **settings}  # fmt: skip
-    return [f"{WARMUP}.{key}={value}" for key, value in values.items()]
+    return ["+technique=seq_len_warmup"] + [f"technique.seq_len_warmup.{key}={value}" for key, value in settings.items()]
+
+
+def warmup_settings(tmp_path, seq_len: int = 64, **settings):
+    cfg = compose_config(TINY + [f"data.seq_len={seq_len}"] + warmup_overrides(**settings), tmp_path)
+    return check_config(cfg).techniques["seq_len_warmup"]
 
 
 @pytest.mark.parametrize(
@@ -33,9 +33,9 @@ def warmup_overrides(**settings) -> list[str]:
          {1: 16, 5: 16, 6: 32, 10: 32, 11: 64}),
     ],
 )  # fmt: skip
-def test_schedule_matches_hand_computed_values(settings, expected):
-    warmup = SequenceLengthWarmup(packed_length=64, **settings)
-    assert {step: warmup.length_at(step) for step in expected} == expected
+def test_schedule_matches_hand_computed_values(settings, expected, tmp_path):
+    warmup = warmup_settings(tmp_path, **{k: str(v).replace(" ", "") for k, v in settings.items()})
+    assert {step: warmup.length_at(step, packed_length=64) for step in expected} == expected
 
 
 @pytest.mark.parametrize(
@@ -48,22 +48,14 @@ def test_schedule_matches_hand_computed_values(settings, expected):
         (dict(schedule_type="fixed_discrete", difficulty=[8, 16], max_step=[]), "max_step` list one shorter"),
     ],
 )
-def test_invalid_settings_fail_with_the_key(settings, message):
-    with pytest.raises(ValueError, match="callbacks.seq_len_warmup") as error:
-        SequenceLengthWarmup(packed_length=64, **settings)
+def test_invalid_settings_are_config_errors_naming_the_key(settings, message, tmp_path):
+    with pytest.raises(ConfigError, match="technique.seq_len_warmup") as error:
+        warmup_settings(tmp_path, **{k: str(v).replace(" ", "") for k, v in settings.items()})
     assert message in str(error.value)
 
 
-def test_bad_warmup_is_a_config_error_before_any_work(tmp_path):
-    cfg = compose_config(TINY + warmup_overrides(max_difficulty=128), tmp_path)
-    with pytest.raises(ConfigError, match="longer than the packed length data.seq_len=32"):
-        build_callbacks(cfg)
-
-
 def cut(mode: str, length: int, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    module = LlamaLightningModule.__new__(LlamaLightningModule)  # only the batch logic is needed
-    module.train_seq_len, module.seq_len_mode = length, mode
-    return module._fit_seq_len(batch)
+    return {"truncate": truncate, "reshape": reshape}[mode](batch, length)
 
 
 def test_truncate_keeps_the_first_tokens_and_their_labels():
@@ -86,30 +78,20 @@ def test_reshape_drops_only_the_remainder_of_each_row():
     assert torch.equal(batch["input_ids"], rows[:, :24])  # 32 // 24 = 1 row of 24 per packed row
 
 
-class RecordSteps(L.Callback):
-    def __init__(self):
-        self.rows = []  # (tokens before the step, lr, trained length)
-
+class FullLengthValidation(L.Callback):
     def on_validation_batch_start(self, trainer, pl_module, batch, batch_idx, dataloader_idx=0):
         assert batch["input_ids"].shape[1] == 32, "validation must run at the full packed length"
 
-    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
-        if pl_module.at_step_boundary:
-            metrics = pl_module.step_metrics
-            tokens_before = pl_module.clock.tokens - 8 * metrics["train/seq_len"]
-            self.rows.append((tokens_before, metrics["train/lr"], metrics["train/seq_len"]))
 
-
-def fit(tmp_path, overrides: list[str]) -> tuple[LlamaLightningModule, list[tuple]]:
+def fit(tmp_path, overrides: list[str]):
+    """Six steps; per step (tokens before it, its LR, its trained length) from the logged rows."""
     cfg = compose_config(TINY + ["trainer.max_steps=6", "lr_schedule.warmup_steps=1", "logger=none",
                                  "callbacks.validation_schedule.every_n_steps=2"] + overrides, tmp_path)  # fmt: skip
-    L.seed_everything(cfg.seed, verbose=False)
-    datamodule = build_datamodule(cfg)
-    module = build_module(cfg, check_config(cfg), datamodule.vocab_size)
-    record = RecordSteps()
-    trainer = build_trainer(cfg, loggers=[], callbacks=build_callbacks(cfg) + [record])
-    trainer.fit(module, datamodule=datamodule)
-    return module, record.rows
+    logger = MemoryLogger()
+    module, _ = fit_in_process(cfg, callbacks=[FullLengthValidation()], loggers=[logger])
+    rows = [row for _, row in logger.rows if "train/lr" in row]
+    steps = [(row["train/tokens_seen"] - 8 * row["train/seq_len"], row["train/lr"], row["train/seq_len"]) for row in rows]
+    return module, steps
 
 
 def test_tokens_and_lr_follow_the_truncated_lengths(tmp_path):
@@ -119,7 +101,7 @@ def test_tokens_and_lr_follow_the_truncated_lengths(tmp_path):
     warm, warm_steps = fit(tmp_path / "warm", discrete)
     _, plain_steps = fit(tmp_path / "plain", [])
     assert [length for _, _, length in warm_steps] == [16, 16, 32, 32, 32, 32]
-    assert warm.clock.tokens == 8 * (16 + 16 + 32 * 4)
+    assert warm.training_state.clock.tokens == 8 * (16 + 16 + 32 * 4)
     plain_lr = {tokens: lr for tokens, lr, _ in plain_steps}
     shared = [(tokens, lr) for tokens, lr, _ in warm_steps if tokens in plain_lr and tokens > 0]
     assert len(shared) >= 3
@@ -142,6 +124,6 @@ def test_resume_mid_warmup_gives_identical_weights(tmp_path):
     expected = checkpoint_weights(tmp_path / "full/checkpoints/last.ckpt")
     for name, value in checkpoint_weights(tmp_path / "resumed/checkpoints/last.ckpt").items():
         assert torch.equal(value, expected[name]), name
-    full_knobs = torch.load(tmp_path / "full/checkpoints/last.ckpt", weights_only=False)["training_knobs"]
-    resumed_knobs = torch.load(tmp_path / "resumed/checkpoints/last.ckpt", weights_only=False)["training_knobs"]
-    assert full_knobs == resumed_knobs and full_knobs["train_seq_len"] == 32
+    full_state = torch.load(tmp_path / "full/checkpoints/last.ckpt", weights_only=False)["training_state"]
+    resumed_state = torch.load(tmp_path / "resumed/checkpoints/last.ckpt", weights_only=False)["training_state"]
+    assert full_state == resumed_state

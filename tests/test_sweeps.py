@@ -15,7 +15,7 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import IntervalSweep, Override
 from omegaconf import DictConfig, OmegaConf
 
-from launch.config_checks import check_config
+from launch.run_settings import check_config
 from lightning_modules.llama import default_mlp_hidden
 from tests.run_helpers import REPO, TINY, run_train
 
@@ -83,7 +83,7 @@ def test_seqlen_lr_runs_and_a_command_line_value_replaces_the_presets_list(tmp_p
     overrides = ["+sweep=seqlen_lr", *TINY, "logger=csv", "optimizer.lr=4e-3"]
     configs = sweep_jobs(tmp_path, tmp_path_factory.getbasetemp() / "cache", overrides)
     assert [config["optimizer"]["lr"] for config in configs] == [4e-3, 4e-3]
-    assert ["seq_len_warmup" in config["callbacks"] for config in configs] == [False, True]
+    assert ["seq_len_warmup" in config.get("technique", {}) for config in configs] == [False, True]
     assert {config["experiment_name"] for config in configs} == {"sweep_seqlen_lr"}
 
 

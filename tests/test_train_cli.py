@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from launch.builders import build_module, wandb_tags
-from launch.config_checks import ConfigError, check_config
+from launch.errors import ConfigError
+from launch.run_settings import check_config
 from lightning_modules.hf_interop import load_lightning_checkpoint
 from lightning_modules.llama import Llama
 from tests.run_helpers import REPO, TINY, compose_config, run_train
@@ -17,7 +18,7 @@ from tests.run_helpers import REPO, TINY, compose_config, run_train
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
-        (["batch.global_batch_size=31"], "batch.global_batch_size=31 is not a multiple of micro_batch_size"),
+        (["batch.global_batch_size=31"], "batch.micro_batch_size=2 does not divide each rank's share of the global batch (31"),
         (["+model.n_experts=8"], "unknown key(s) model.n_experts"),
         (["optimizer.lr=-1"], "optimizer.lr=-1"),
         (["lr_schedule.name=step"], "lr_schedule.name='step' is unknown"),
@@ -36,14 +37,9 @@ def test_bad_config_is_rejected_with_a_message_naming_the_key(overrides, message
 def test_bad_config_exits_before_any_work(tmp_path):
     result = run_train(TINY + ["batch.global_batch_size=31"], tmp_path / "run", tmp_path / "cache", timeout=120)
     assert result.returncode == 2, result.stdout[-2000:] + result.stderr[-2000:]
-    assert "config error: batch.global_batch_size=31" in result.stdout + result.stderr
+    assert result.stderr.startswith("error: batch.micro_batch_size=2 does not divide")
     assert not (tmp_path / "cache").exists(), "config errors must be raised before tokenizing"
-
-
-def test_unknown_top_level_key_is_rejected_by_hydra(tmp_path):
-    result = run_train(TINY + ["optimiser.lr=1"], tmp_path / "run", tmp_path / "cache", timeout=120)
-    assert result.returncode != 0
-    assert "Could not override 'optimiser.lr'" in result.stderr
+    assert not (tmp_path / "run").exists(), "a failed run leaves no folder"
 
 
 def test_end_to_end_run_writes_an_offline_wandb_run_and_consistent_mfu(tmp_path):
@@ -84,7 +80,7 @@ def test_trained_checkpoint_exports_to_hf_and_seeds_a_new_run(tmp_path):
         assert (hf(input_ids=tokens).logits - trained(tokens)).abs().max() < 1e-4
 
     cfg = compose_config(TINY + [f"init_from_hf={export_dir}"], tmp_path / "seeded")
-    module = build_module(cfg, check_config(cfg), vocab_size=257)
+    module = build_module(cfg, check_config(cfg, processes=1), vocab_size=257)
     module.configure_model()
     for name, value in module.model.state_dict().items():
         assert torch.equal(value, state_dict[name]), name
@@ -92,4 +88,4 @@ def test_trained_checkpoint_exports_to_hf_and_seeds_a_new_run(tmp_path):
 
 def test_wandb_tags_name_the_experiment_model_and_techniques(tmp_path):
     cfg = compose_config(["+experiment=adaptive_bs", "model=diloco_35m"], tmp_path)
-    assert wandb_tags(cfg) == ["adaptive_bs", "model:diloco_35m", "strategy:single_device", "callback:adaptive_batch"]
+    assert wandb_tags(cfg) == ["adaptive_bs", "model:diloco_35m", "strategy:single_device", "technique:adaptive_batch"]

@@ -1,13 +1,13 @@
 """Write ``last.ckpt`` whenever training ends: at the token budget, at max_steps, or on SIGTERM.
 
 Lightning's ModelCheckpoint saves on its step interval only, so the final steps of a run
-would otherwise be lost. Cluster schedulers send SIGTERM before killing a preempted job;
-Lightning notes the signal and ends training with a ``SIGTERMException`` after the
-current batch (or validation batch). This callback saves before that: at the end of the
-batch during which the signal arrived, with all ranks agreeing (saving is collective),
-or, if the signal slipped in after that point, when the exception is raised. Such a
-checkpoint may fall in the middle of gradient accumulation and still resumes exactly
-(see ``LlamaLightningModule.on_save_checkpoint``).
+would otherwise be lost. Cluster schedulers send SIGTERM before killing a preempted job.
+In one process this callback notices the signal at the end of the micro-batch during which
+it arrived, saves, and ends training with a ``SIGTERMException``; with several processes
+Lightning itself broadcasts rank 0's signal at the next batch and raises the exception on
+every rank, and the checkpoint is saved then (saving is collective). Such a checkpoint may
+fall in the middle of gradient accumulation and still resumes exactly (see
+``LlamaLightningModule.on_save_checkpoint``).
 """
 
 import logging
@@ -21,14 +21,14 @@ log = logging.getLogger(__name__)
 
 
 class LastCheckpoint(L.Callback):
-    def __init__(self, filename: str = "last.ckpt") -> None:
+    def __init__(self, filename: str) -> None:
         self.filename = filename
         self._saved = False
 
     def on_train_batch_end(
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
-        if trainer.strategy.reduce_boolean_decision(trainer.received_sigterm, all=False):
+        if trainer.world_size == 1 and trainer.received_sigterm:
             self._save(trainer, pl_module, "SIGTERM")
             raise SIGTERMException
 
@@ -45,4 +45,5 @@ class LastCheckpoint(L.Callback):
         trainer.save_checkpoint(path)
         self._saved = True
         if trainer.is_global_zero:
-            log.info("%s: saved %s at step %d; resume with ckpt_path=%s", reason, path, pl_module.clock.steps, path)
+            steps = pl_module.training_state.clock.steps
+            log.info("%s: saved %s at step %d; resume with ckpt_path=%s", reason, path, steps, path)

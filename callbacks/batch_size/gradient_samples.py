@@ -16,7 +16,7 @@ complete. ``micro_batch`` then keeps every increment until the step ends (accumu
 copies of the gradient shard); ``rank`` multiplies each DDP bucket by its all-reduced
 result as it arrives (no copy beyond the buckets in flight).
 
-All norms are fp32 per tensor, summed in fp64; only scalars are all-reduced.
+Squares and products are summed in float64; only scalars are all-reduced.
 """
 
 import torch
@@ -24,21 +24,27 @@ import torch.distributed as dist
 from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 from torch.nn.parallel import DistributedDataParallel
 
-from callbacks.batch_size_tests import SampleSums
+from callbacks.batch_size.noise_tests import SampleSums
 from lightning_modules.sharded_sums import Groups, local, shard_groups, sum_over_shards
 
 
 def _squared_norms(tensors: list[torch.Tensor], device: torch.device) -> torch.Tensor:
-    """Sum of squared norms, on the device (no host sync: called during backward)."""
+    """Sum of squared norms in float64, on the device (no host sync: called during backward).
+
+    The tests subtract n ||g||^2 from sum_j ||g_j||^2, two nearly equal numbers when the
+    noise is small: float32 rounding in either is amplified many times, so the squares
+    are accumulated in float64.
+    """
     if not tensors:
         return torch.zeros((), dtype=torch.float64, device=device)
-    return torch.stack([torch.linalg.vector_norm(t, dtype=torch.float32) for t in tensors]).double().square().sum()
+    return torch.stack([torch.linalg.vector_norm(t, dtype=torch.float64) for t in tensors]).square().sum()
 
 
 def _dots(left: list[torch.Tensor], right: list[torch.Tensor], device: torch.device) -> torch.Tensor:
+    """Sum of inner products, each product in float32 and the sum in float64 (see ``_squared_norms``)."""
     if not left:
         return torch.zeros((), dtype=torch.float64, device=device)
-    return torch.stack([torch.vdot(a.float().flatten(), b.float().flatten()) for a, b in zip(left, right)]).double().sum()
+    return torch.stack([torch.sum(a.float() * b.float(), dtype=torch.float64) for a, b in zip(left, right)]).sum()
 
 
 class MicroStepSamples:

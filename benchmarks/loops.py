@@ -1,0 +1,125 @@
+"""The same training two ways: through train.py's pieces, and as a plain PyTorch loop.
+
+Both sides build the model the same way (meta device, the configured layout: kernels,
+checkpointing, compile), draw the same micro-batches from the data module, and run AdamW
+with the same parameter groups, accumulation, clipping and LR schedule, without a host
+sync per step. The framework's rate is its Throughput callback's over the timed steps;
+the plain loop times the same steps with ``time.perf_counter`` after a device sync.
+"""
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import lightning as L
+import torch
+from hydra import compose, initialize_config_dir
+from omegaconf import DictConfig
+
+from benchmarks.memory_logger import MemoryLogger
+from launch.builders import build_callbacks, build_datamodule, build_module, build_trainer, vocab_for
+from launch.run_settings import check_config
+from lightning_modules.llama import Llama, seed_from_global_rng
+from lightning_modules.lr_schedule import learning_rate
+from lightning_modules.meta_init import materialize_and_init
+from lightning_modules.optim import build_optimizer
+from lightning_modules.parallelism import apply_layout, attention_backend, check_kernels_available
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def benchmark_config(overrides: list[str], steps: int, warmup: int) -> DictConfig:
+    """The run's config for a timed run: ``warmup`` untimed steps, then ``steps`` timed ones,
+    logged once at the end; no checkpoints, no validation, no optimizer statistics."""
+    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+        return compose(
+            "train",
+            overrides=[
+                "logger=none",
+                "paths.run_dir=/tmp/benchmark",
+                "~callbacks.model_checkpoint",
+                "~callbacks.last_checkpoint",
+                "~callbacks.optimizer_stats",
+                "~callbacks.progress_bar",
+                "trainer.enable_checkpointing=false",
+                "+trainer.enable_progress_bar=false",
+                "trainer.num_sanity_val_steps=0",
+                "+trainer.limit_val_batches=0",
+                f"trainer.max_steps={warmup + steps}",
+                f"trainer.log_every_n_steps={warmup + steps}",
+                "callbacks.validation_schedule.every_n_steps=1000000",
+                f"callbacks.throughput.warmup_steps={warmup}",
+                *overrides,
+            ],
+        )
+
+
+@dataclass
+class Measured:
+    """What one timed run gave."""
+
+    tokens_per_sec: float
+    mfu: float | None
+    hfu: float | None
+    peak_memory_gb: float | None
+    losses: dict[int, float]
+
+
+def framework_run(cfg: DictConfig) -> Measured:
+    """Train through the framework's pieces (as train.py does) and read what it logged."""
+    settings = check_config(cfg)
+    L.seed_everything(cfg.seed, verbose=False)
+    datamodule = build_datamodule(cfg, settings)
+    module = build_module(cfg, settings, datamodule.vocab_size)
+    logger = MemoryLogger()
+    trainer = build_trainer(cfg, settings, [logger], build_callbacks(cfg, settings))
+    trainer.fit(module, datamodule=datamodule)
+    return Measured(
+        tokens_per_sec=logger.last("perf/tokens_per_sec"),
+        mfu=logger.last("perf/mfu"),
+        hfu=logger.last("perf/hfu"),
+        peak_memory_gb=logger.last("perf/peak_memory_gb"),
+        losses=logger.series("train/loss"),
+    )
+
+
+def synchronized_now(device: torch.device) -> float:
+    """Wall time once the device has finished its queued work."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter()
+
+
+def plain_tokens_per_sec(cfg: DictConfig, steps: int, warmup: int) -> float:
+    """The loop a researcher would write by hand around the same model, kernels and data."""
+    settings = check_config(cfg, processes=1)
+    L.seed_everything(cfg.seed, verbose=False)
+    datamodule = build_datamodule(cfg, settings)
+    datamodule.prepare_data()
+    datamodule.setup("fit")
+    device = torch.device("cuda" if torch.cuda.is_available() and cfg.trainer.accelerator != "cpu" else "cpu")
+    check_kernels_available(settings.layout)
+    with torch.device("meta"):
+        model = Llama(vocab_for(settings.model, datamodule.vocab_size))
+    apply_layout(model, settings.layout)
+    materialize_and_init(model, device, seed_from_global_rng())
+    optimizer = build_optimizer(model, settings.optimizer, fused=settings.layout.fused_adamw)
+    autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled="bf16" in str(cfg.trainer.precision))
+    accumulation = settings.batch.global_batch_size // settings.run.micro_batch_size
+    batches, tokens, timed_from = iter(datamodule.train_dataloader()), 0, (0, 0.0)
+    for step in range(warmup + steps):
+        if step == warmup:
+            timed_from = (tokens, synchronized_now(device))
+        lr = learning_rate(settings.optimizer.lr, settings.lr_schedule, step + 1, tokens, settings.token_budget)
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+        for _ in range(accumulation):
+            batch = {key: value.to(device, non_blocking=True) for key, value in next(batches).items()}
+            with autocast, attention_backend(settings.layout.attention_backend):
+                loss = model(batch["input_ids"], labels=batch["labels"])
+            (loss / accumulation).backward()
+            tokens += batch["labels"].numel()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), settings.optimizer.grad_clip or float("inf"))
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+    return (tokens - timed_from[0]) / (synchronized_now(device) - timed_from[1])

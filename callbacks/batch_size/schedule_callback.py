@@ -1,0 +1,19 @@
+"""The callback that applies a batch schedule (``schedules.py``) before every global step."""
+
+from callbacks.batch_size.schedules import BatchSchedule
+from callbacks.step_callback import StepCallback
+from callbacks.technique import RunContext
+from lightning_modules.training_state import TrainingState
+
+
+class BatchScheduleCallback(StepCallback):
+    """Requests ``schedule.size_at(clock)`` at the start of each global step, where it applies at once."""
+
+    def __init__(self, schedule: BatchSchedule, run: RunContext) -> None:
+        self.schedule, self.run = schedule, run
+
+    def on_step_start(self, state: TrainingState) -> None:
+        if state.at_global_step_start:
+            size = self.schedule.size_at(state.clock, self.run)
+            if size != state.global_batch.size:
+                state.request_global_batch(size)

@@ -1,0 +1,200 @@
+"""DiLoCo (Douillard et al. 2023; scaling laws: Charles et al. 2025; streaming: Douillard et al. 2025).
+
+M replicas train with their own inner AdamW state and never average gradients; every H
+global steps each fragment of the parameters (one fragment: the whole model) averages its
+pseudo-gradients (anchor - parameters) over the replicas and the outer optimizer moves the
+shared anchor (``sync.py``, ``outer_step.py``, ``exchange.py``).
+
+Two ways to run the replicas (``replicas.py``):
+
+- **Real** (several processes, ``strategy=fsdp2``): the W ranks form M groups of W / M; this
+  callback gives the training module a (replica, shard) mesh to shard on, so inner steps
+  never communicate across replicas. Every rank reads different data and the global batch
+  is the sum over replicas (B / M each). Exchanges of streaming fragments are issued
+  asynchronously and waited for ``fragment_delay`` steps later.
+- **Simulated** (one process, the default when M > 1 and there is one process): the
+  replicas take turns, one optimizer step each per global step, every one on its own
+  weights and inner optimizer state; each turn trains on the next B / M sequences. The
+  training state counts M optimizer steps per global step, so the LR schedule and other
+  step-based schedules follow the global step. ``trainer.max_steps`` counts optimizer steps.
+
+Checkpoints hold the anchors, the outer optimizer's state, the exchanges in flight and every
+replica's weights and inner optimizer state (gathered from all ranks into the single
+checkpoint file), so a run resumed mid-round, or with a fragment in flight, continues exactly.
+
+Memory: the anchor and the outer optimizer's state (one momentum buffer for SGD) add two
+fp32 copies of the (sharded) weights, on the GPU or, with ``state_device=cpu``, in host
+memory; simulation adds M - 1 copies of the weights and M - 1 inner optimizer states.
+
+Logged at each sync: ``diloco/round`` (completed syncs of the last fragment),
+``diloco/fragment`` (which synced; -1 for the final averaging), ``diloco/pseudo_grad_norm``
+(of the averaged pseudo-gradient of that fragment), ``diloco/bytes_per_sync`` (what all
+workers sent for it), ``diloco/bytes_per_token`` and ``diloco/dp_bytes_per_token`` (all
+exchanges so far per token trained, against fp32 data parallelism over the same M
+workers); at logging steps ``diloco/replica_<r>_loss``.
+"""
+
+from typing import Any
+
+import lightning as L
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import DeviceMesh
+
+from callbacks.diloco.exchange import bytes_sent_per_sync
+from callbacks.diloco.fragments import split_parameters
+from callbacks.diloco.outer_step import OuterStep
+from callbacks.diloco.replicas import Replicas, replica_mesh
+from callbacks.diloco.settings import DiLoCoSettings
+from callbacks.diloco.sync import FragmentSync, SyncRecord
+from callbacks.step_callback import StepCallback
+from lightning_modules.sharded_sums import local, shard_groups, sum_over_shards
+from lightning_modules.training_state import TrainingState
+
+
+class DiLoCo(StepCallback):
+    """Runs the replicas and their outer loop (settings: ``DiLoCoSettings``)."""
+
+    def __init__(self, settings: DiLoCoSettings, simulated: bool, n_layers: int) -> None:
+        self.settings, self.simulated, self.n_layers = settings, simulated, n_layers
+        self.syncs = 0
+        self.bytes_sent = 0.0
+        self.dp_bytes = 0.0
+        self._group: dist.ProcessGroup | None = None
+        self._replicas: Replicas | None = None
+        self._sync: FragmentSync | None = None
+        self._parameters: list[torch.nn.Parameter] = []
+        self._losses: dict[int, torch.Tensor] = {}
+        self._loaded: dict[str, Any] | None = None
+
+    # ------------------------------------------------------------------ build time
+    def shard_mesh(self, mesh: DeviceMesh) -> DeviceMesh:
+        """Real replicas shard only within a replica; the replica dimension carries the exchange."""
+        if self.simulated or self.settings.replicas == 1:
+            return mesh
+        mesh_2d = replica_mesh(mesh, self.settings.replicas)
+        self._group = mesh_2d["replica"].get_group()
+        return mesh_2d["shard"]
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        state: TrainingState = pl_module.training_state
+        names, parameters = zip(*state.model.named_parameters())
+        self._parameters = list(parameters)
+        self._replicas = Replicas(self._parameters, state.optimizer, self.settings.replicas if self.simulated else 1)
+        device = torch.device("cpu") if self.settings.state_device == "cpu" else None
+        anchors = [local(p).detach().float().clone().to(device or p.device) for p in self._parameters]
+        self._sync = FragmentSync(
+            weights=self._replicas.weights,
+            fragments=split_parameters(names, self.n_layers, self.settings.fragments),
+            outer=OuterStep(anchors, self.settings.make_outer_optimizer),
+            sync_every=self.settings.sync_every,
+            delay=self.settings.fragment_delay,
+            alpha=self.settings.fragment_alpha,
+            compression=self.settings.compression,
+            group=self._group,
+            norm=self._norm,
+        )
+        if self._loaded is not None:
+            self._restore(self._loaded)
+            self._loaded = None
+
+    # ------------------------------------------------------------------ step hooks
+    def on_step_start(self, state: TrainingState) -> None:
+        if self.simulated:
+            self._replicas.activate(self._turn(state))
+
+    def _turn(self, state: TrainingState) -> int:
+        """The simulated replica whose turn the optimizer step in progress is."""
+        return state.clock.steps % self.settings.replicas
+
+    def allows_stop(self, state: TrainingState) -> bool:
+        """Finish the global step: every replica takes its turn."""
+        return state.at_global_step_end
+
+    def on_step_end(self, state: TrainingState) -> None:
+        if self.simulated:
+            self._losses[(state.clock.steps - 1) % self.settings.replicas] = state.step_loss
+        if not state.at_global_step_end:
+            return
+        self.dp_bytes += bytes_sent_per_sync(self._model_size(range(len(self._parameters))), self.settings.replicas, "none")
+        records = self._sync.after_global_step(state.global_steps)
+        if state.stopping:
+            records += self._sync.finish()
+        for record in records:
+            self._log_sync(state, record)
+        if state.is_logging_step:
+            self._record_losses(state)
+
+    # ------------------------------------------------------------------ metrics
+    def _model_size(self, indices) -> int:
+        return sum(self._parameters[i].numel() for i in indices)
+
+    def _norm(self, indices: list[int], deltas: list[torch.Tensor]) -> torch.Tensor:
+        """Norm of an averaged pseudo-gradient over the whole model (shards summed)."""
+        partials: dict = {}
+        for index, delta in zip(indices, deltas):
+            key = shard_groups(self._parameters[index], ())
+            partials[key] = partials.get(key, torch.zeros((), dtype=torch.float64, device=delta.device))
+            partials[key] += delta.double().square().sum()
+        return sum_over_shards(partials).sqrt()
+
+    def _log_sync(self, state: TrainingState, record: SyncRecord) -> None:
+        sent = bytes_sent_per_sync(self._model_size(record.indices), self.settings.replicas, self.settings.compression)
+        self.bytes_sent += sent
+        if record.fragment == self.settings.fragments - 1:
+            self.syncs += 1
+        tokens = max(state.clock.tokens, 1)
+        state.record_metrics(
+            {
+                "diloco/round": self.syncs,
+                "diloco/fragment": -1 if record.fragment is None else record.fragment,
+                "diloco/pseudo_grad_norm": record.norm,
+                "diloco/bytes_per_sync": sent,
+                "diloco/bytes_per_token": self.bytes_sent / tokens,
+                "diloco/dp_bytes_per_token": self.dp_bytes / tokens,
+            }
+        )
+        state.log_now()
+
+    def _record_losses(self, state: TrainingState) -> None:
+        """Each replica's last step loss (real replicas: averaged over its ranks, one small all-gather)."""
+        if not self.simulated:
+            self._losses = self._replica_losses(state.local_step_loss)
+        state.record_metrics({f"diloco/replica_{r}_loss": loss for r, loss in sorted(self._losses.items())})
+
+    def _replica_losses(self, step_loss: torch.Tensor) -> dict[int, torch.Tensor]:
+        if self.settings.replicas == 1 or not dist.is_initialized():
+            return {0: step_loss}
+        everyone = [torch.zeros_like(step_loss) for _ in range(dist.get_world_size())]
+        dist.all_gather(everyone, step_loss.contiguous())
+        per_replica = torch.stack(everyone).reshape(self.settings.replicas, -1).mean(1)
+        return dict(enumerate(per_replica))
+
+    # ------------------------------------------------------------------ checkpoints
+    def _rank_state(self) -> dict[str, Any]:
+        return {"sync": self._sync.state_dict(), "replicas": self._replicas.state_dict()}
+
+    def _restore(self, state: dict[str, Any]) -> None:
+        self._sync.load_state_dict(state["sync"])
+        self._replicas.load_state_dict(state["replicas"])
+
+    def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]) -> None:
+        if self._sync is None:
+            return
+        mine = self._rank_state()
+        if trainer.world_size > 1:
+            everyone = [None] * trainer.world_size if trainer.global_rank == 0 else None
+            dist.gather_object(mine, everyone, dst=0)
+            checkpoint["diloco_ranks"] = everyone
+        else:
+            checkpoint["diloco_ranks"] = [mine]
+
+    def on_load_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]) -> None:
+        if "diloco_ranks" in checkpoint:
+            self._loaded = checkpoint["diloco_ranks"][trainer.global_rank]
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"syncs": self.syncs, "bytes_sent": self.bytes_sent, "dp_bytes": self.dp_bytes}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.syncs, self.bytes_sent, self.dp_bytes = state_dict["syncs"], state_dict["bytes_sent"], state_dict["dp_bytes"]

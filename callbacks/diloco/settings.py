@@ -1,0 +1,162 @@
+"""DiLoCo settings (``conf/technique/diloco.yaml``), checked before anything runs.
+
+Torch-free apart from checking the outer optimizer, which imports ``torch.optim``.
+"""
+
+import importlib
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from callbacks.diloco.exchange import COMPRESSIONS
+from callbacks.technique import RunContext, TechniqueSettings
+from launch.errors import ConfigError
+
+if TYPE_CHECKING:
+    import torch
+
+    from callbacks.diloco.callback import DiLoCo
+
+#: Outer learning rates by number of replicas (Charles et al. 2025); others use 0.7 (Douillard et al. 2023).
+OUTER_LR_BY_REPLICAS = {1: 0.4, 2: 0.6, 4: 0.6, 8: 0.8}
+STATE_DEVICES = ("same", "cpu")
+
+
+@dataclass(kw_only=True)
+class DiLoCoSettings(TechniqueSettings):
+    """Args:
+    replicas: M (1 is valid: a Lookahead-like outer step).
+    sync_every: H, inner global steps between two syncs of a fragment.
+    outer_lr: null picks it by M (0.4 / 0.6 / 0.6 / 0.8 for M = 1 / 2 / 4 / 8, else 0.7).
+    outer_optimizer: any ``torch.optim`` optimizer: ``_target_`` (its class) and its
+        arguments other than the learning rate (Nesterov SGD with momentum 0.9 by default).
+    state_device: ``same`` (the parameters' device) or ``cpu`` for the anchor and outer state.
+    compression: ``none``, ``bf16`` or ``int8`` for the pseudo-gradient exchange.
+    simulated: null: simulate the replicas when M > 1 and the run has one process.
+    fragments: P, the streaming fragments (groups of transformer blocks) that sync in turn.
+    fragment_delay: tau, inner steps between the start of a fragment's exchange and its merge.
+    fragment_alpha: the mixing factor of the merge (0: take the outer result).
+    """
+
+    key: ClassVar[str] = "technique.diloco"
+
+    replicas: int
+    sync_every: int
+    outer_lr: float | None
+    outer_optimizer: dict[str, Any]
+    state_device: str
+    compression: str
+    simulated: bool | None
+    fragments: int
+    fragment_delay: int
+    fragment_alpha: float
+
+    def __post_init__(self) -> None:
+        key = self.key
+        if self.replicas < 1 or self.sync_every < 1:
+            raise ConfigError(f"{key}.replicas={self.replicas} and {key}.sync_every={self.sync_every} must be >= 1.")
+        if self.state_device not in STATE_DEVICES:
+            raise ConfigError(f"{key}.state_device={self.state_device!r} must be one of {STATE_DEVICES}.")
+        if self.compression not in COMPRESSIONS:
+            raise ConfigError(f"{key}.compression={self.compression!r} is unknown; choose one of {COMPRESSIONS}.")
+        if self.outer_lr is not None and self.outer_lr <= 0:
+            raise ConfigError(f"{key}.outer_lr={self.outer_lr} must be > 0 (or null: by the number of replicas).")
+        if self.fragments < 1 or self.sync_every % self.fragments:
+            raise ConfigError(
+                f"{key}.fragments={self.fragments} must be >= 1 and divide {key}.sync_every={self.sync_every},"
+                " so the fragments sync at evenly spaced steps."
+            )
+        if not 0 <= self.fragment_delay < self.sync_every:
+            raise ConfigError(
+                f"{key}.fragment_delay={self.fragment_delay} must be in [0, sync_every={self.sync_every}):"
+                " a fragment's exchange must be merged before that fragment syncs again."
+            )
+        if not 0 <= self.fragment_alpha < 1:
+            raise ConfigError(f"{key}.fragment_alpha={self.fragment_alpha} must be in [0, 1).")
+
+    @property
+    def learning_rate(self) -> float:
+        return self.outer_lr if self.outer_lr is not None else OUTER_LR_BY_REPLICAS.get(self.replicas, 0.7)
+
+    def is_simulated(self, world_size: int | None) -> bool:
+        """Whether the replicas take turns in one process (unknown process counts count as one)."""
+        if self.simulated is not None:
+            return self.simulated
+        return self.replicas > 1 and (world_size or 1) == 1
+
+    def sequential_replicas(self, run: RunContext) -> int:
+        return self.replicas if self.is_simulated(run.world_size) else 1
+
+    def outer_optimizer_class(self) -> "type[torch.optim.Optimizer]":
+        import torch
+
+        target = str(self.outer_optimizer.get("_target_", ""))
+        module_name, _, class_name = target.rpartition(".")
+        try:
+            cls = getattr(importlib.import_module(module_name), class_name) if module_name else None
+        except (ImportError, AttributeError):
+            cls = None
+        if not (isinstance(cls, type) and issubclass(cls, torch.optim.Optimizer)):
+            raise ConfigError(
+                f"{self.key}.outer_optimizer._target_={target!r} is not a torch.optim optimizer class;"
+                " use e.g. torch.optim.SGD."
+            )
+        return cls
+
+    def make_outer_optimizer(self, parameters: "list[torch.Tensor]") -> "torch.optim.Optimizer":
+        """The configured outer optimizer over the anchor tensors."""
+        arguments = {key: value for key, value in self.outer_optimizer.items() if key != "_target_"}
+        if "lr" in arguments:
+            raise ConfigError(f"{self.key}.outer_optimizer.lr: set the outer learning rate with {self.key}.outer_lr.")
+        try:
+            return self.outer_optimizer_class()(parameters, lr=self.learning_rate, **arguments)
+        except (TypeError, ValueError) as error:
+            raise ConfigError(f"{self.key}.outer_optimizer: {error}") from error
+
+    def check(self, run: RunContext) -> None:
+        import torch
+
+        self.make_outer_optimizer([torch.zeros(1)])  # the class and its arguments
+        if self.fragments > run.n_layers:
+            raise ConfigError(
+                f"{self.key}.fragments={self.fragments} exceeds model.n_layers={run.n_layers}:"
+                " fragments are groups of transformer blocks."
+            )
+        if run.world_size is None:
+            return
+        if self.is_simulated(run.world_size):
+            self._check_simulated(run)
+        else:
+            self._check_real(run)
+
+    def _check_simulated(self, run: RunContext) -> None:
+        if run.world_size != 1:
+            raise ConfigError(
+                f"{self.key}.simulated=true runs all replicas in one process, but this run has {run.world_size};"
+                f" set {self.key}.simulated=false for real replicas over the processes."
+            )
+        if run.strategy not in ("single_device", "ddp"):
+            raise ConfigError(f"{self.key}: simulated replicas run unsharded; drop strategy={run.strategy}.")
+        if run.max_steps > 0 and run.max_steps % self.replicas:
+            raise ConfigError(
+                f"trainer.max_steps={run.max_steps} counts optimizer steps, {self.replicas} per global step with"
+                f" simulated replicas: make it a multiple of {self.key}.replicas."
+            )
+
+    def _check_real(self, run: RunContext) -> None:
+        if run.world_size % self.replicas:
+            raise ConfigError(f"{self.key}.replicas={self.replicas} must divide the {run.world_size} processes.")
+        if self.replicas > 1 and run.strategy != "fsdp2":
+            raise ConfigError(
+                f"{self.key}.replicas={self.replicas} over processes needs strategy=fsdp2: DDP or FSDP1 would"
+                " average gradients across replicas at every step."
+            )
+        if run.world_size > 1 and run.save_distributed_checkpoint:
+            raise ConfigError(
+                "DiLoCo checkpoints gather every replica's state into one file:"
+                " set strategy.save_distributed_checkpoint=false."
+            )
+
+    def build(self, run: RunContext) -> "DiLoCo":
+        from callbacks.diloco.callback import DiLoCo
+
+        return DiLoCo(self, simulated=self.is_simulated(run.world_size), n_layers=run.n_layers)

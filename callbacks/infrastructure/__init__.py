@@ -1,0 +1,1 @@
+"""Callbacks of every run: validation schedule, throughput and MFU, optimizer statistics, last checkpoint, progress bar."""

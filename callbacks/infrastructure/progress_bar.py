@@ -1,0 +1,70 @@
+"""A progress bar that counts training tokens towards the real end of the run.
+
+Lightning's bar counts training batches, which are micro-batches here and vary in number
+per optimizer step; tokens are what the budget, the LR schedule and the charts count, so
+the training bar shows them (``1.02M/2.50M tokens``), updated once per optimizer step, with
+the loss, speed and validation loss of the last logged step. Its total is the token
+budget or, when ``trainer.max_steps`` comes first, the tokens those steps will reach at the
+current batch. Validation bars count batches, as they say.
+"""
+
+from typing import Any
+
+import lightning as L
+from lightning.pytorch.callbacks import TQDMProgressBar
+from lightning.pytorch.callbacks.progress.tqdm_progress import Tqdm
+
+SHOWN = {"train/loss": "loss", "val/loss": "val_loss", "perf/tokens_per_sec": "tokens/s"}
+
+
+def readable(value: float) -> str:
+    """1234567 -> '1.23M', 8900 -> '8.9k', 2.5603 -> '2.560'."""
+    for threshold, suffix in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if abs(value) >= threshold:
+            return f"{value / threshold:.3g}{suffix}"
+    return f"{value:.3f}" if abs(value) < 100 else f"{value:.0f}"
+
+
+class TokenProgressBar(TQDMProgressBar):
+    TRAIN_FORMAT = "{l_bar}{bar}| {n_fmt}/{total_fmt} tokens [{elapsed}<{remaining}{postfix}]"
+
+    def init_train_tqdm(self) -> Tqdm:
+        bar = super().init_train_tqdm()
+        bar.unit_scale = True
+        bar.bar_format = self.TRAIN_FORMAT
+        return bar
+
+    def get_metrics(self, trainer: L.Trainer, pl_module: L.LightningModule) -> dict[str, Any]:
+        """The last logged loss, speed and validation loss, readable; no ``v_num``."""
+        metrics = trainer.progress_bar_metrics
+        return {label: readable(float(metrics[key])) for key, label in SHOWN.items() if key in metrics}
+
+    def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        super().on_train_epoch_start(trainer)
+        state = pl_module.training_state
+        self.train_progress_bar.reset(total=self._end_tokens(trainer, state))
+        self.train_progress_bar.n = self.train_progress_bar.initial = state.clock.tokens
+        self.train_progress_bar.set_description("Training")
+
+    @staticmethod
+    def _end_tokens(trainer: L.Trainer, state) -> float | None:
+        """Tokens at the end: the budget, or max_steps at the tokens per step so far (or planned)."""
+        ends = [state.token_budget] if state.token_budget is not None else []
+        if trainer.max_steps > 0:
+            per_step = state.clock.tokens / state.clock.steps if state.clock.steps else None
+            per_step = per_step or state.global_batch.sequences_per_optimizer_step * trainer.datamodule.seq_len
+            ends.append(state.clock.tokens + (trainer.max_steps - state.clock.steps) * per_step)
+        return min(ends) if ends else None
+
+    def on_train_batch_end(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        state = pl_module.training_state
+        if state.micro_batch_index != 0 or self.train_progress_bar.disable:
+            return  # only when a batch completed an optimizer step
+        bar = self.train_progress_bar
+        if trainer.max_steps > 0 and state.clock.steps:
+            bar.total = self._end_tokens(trainer, state)
+        bar.n = min(state.clock.tokens, bar.total or float("inf"))  # the last step may overshoot the end
+        bar.set_postfix(self.get_metrics(trainer, pl_module), refresh=False)
+        bar.refresh()

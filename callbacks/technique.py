@@ -1,0 +1,76 @@
+"""Technique settings: what a technique's config file holds, checked before any work is done.
+
+Every technique is switched on by one config file, ``conf/technique/NAME.yaml``, whose
+node ``technique.NAME`` names a ``TechniqueSettings`` subclass in ``_target_`` and lists
+every setting with its default (the YAML file is the one source of defaults). ``train.py``
+turns each node into its settings class (types and unknown keys checked), calls
+``check(run)`` against the rest of the run, all before the heavy imports, tokenization or
+any process start, and only then ``build(run)`` the callback.
+
+This module and the settings modules stay free of torch and Lightning, so that a config
+error appears within a second or two.
+"""
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, ClassVar
+
+from lightning_modules.global_batch import BatchConfig, GlobalBatch
+
+if TYPE_CHECKING:
+    from callbacks.step_callback import StepCallback
+
+STRATEGIES = ("single_device", "ddp", "fsdp", "fsdp2")
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunContext:
+    """The run as far as techniques need to check their settings against it.
+
+    ``world_size`` is None when the config does not state it as numbers (``devices: auto``);
+    checks that need it run again once the Trainer has counted the processes.
+    """
+
+    world_size: int | None
+    strategy: str
+    accelerator: str
+    batch: BatchConfig
+    token_budget: int | None
+    max_steps: int
+    seq_len: int
+    save_distributed_checkpoint: bool
+    n_layers: int
+    sequential_replicas: int = 1
+    #: The micro-batch every rank runs; None while the process count is unknown.
+    micro_batch_size: int | None = None
+
+    def global_batch(self) -> GlobalBatch | None:
+        """The global batch arithmetic of this run (None while the process count is unknown)."""
+        if self.micro_batch_size is None or self.world_size is None:
+            return None
+        return GlobalBatch(self.batch, self.micro_batch_size, self.world_size, self.sequential_replicas)
+
+
+@dataclass(kw_only=True)
+class TechniqueSettings(ABC):
+    """Base of every technique's settings (one dataclass per technique, no defaults here)."""
+
+    #: The settings' path in the config, for messages: ``technique.NAME``.
+    key: ClassVar[str] = "technique"
+    #: True for techniques that set the global batch: at most one may be on.
+    sets_global_batch: ClassVar[bool] = False
+
+    def check(self, run: RunContext) -> None:
+        """Raise ``ConfigError`` (naming ``self.key`` settings and the fix) if they cannot work in ``run``."""
+
+    def sequential_replicas(self, run: RunContext) -> int:
+        """Optimizer steps one process takes per global step (simulated DiLoCo replicas), else 1."""
+        return 1
+
+    def min_accumulation(self, run: RunContext) -> int:
+        """Micro-batches per optimizer step the technique needs, for the automatic micro-batch."""
+        return 1
+
+    @abstractmethod
+    def build(self, run: RunContext) -> "StepCallback":
+        """The callback that carries out the technique (imported here, not at module level)."""

@@ -1,0 +1,55 @@
+"""One training run from checked settings: build the pieces, resume if asked, fit.
+
+Imported only after the config has passed its checks, because it pulls in Lightning,
+the data libraries and the loggers (several seconds of imports).
+"""
+
+import logging
+
+import lightning as L
+from lightning.pytorch.utilities.exceptions import SIGTERMException
+from omegaconf import DictConfig
+
+from launch.builders import (
+    build_callbacks,
+    build_datamodule,
+    build_loggers,
+    build_module,
+    build_trainer,
+    close_loggers,
+    processes,
+)
+from launch.console import quiet_console
+from launch.resume import check_resume
+from launch.run_settings import RunSettings, check_config
+
+log = logging.getLogger(__name__)
+
+
+def train(cfg: DictConfig, settings: RunSettings) -> dict[str, float]:
+    """Run one training job; returns the final metrics (used by sweeps)."""
+    quiet_console()
+    world = processes(cfg.trainer)
+    if settings.run.world_size != world:
+        settings = check_config(cfg, processes=world)  # the checks that needed the process count
+    L.seed_everything(cfg.seed, workers=True, verbose=False)
+    datamodule = build_datamodule(cfg, settings)
+    module = build_module(cfg, settings, datamodule.vocab_size)
+    if cfg.get("ckpt_path"):
+        check_resume(cfg.ckpt_path, module.model_config, datamodule.seq_len, settings.run.sequential_replicas)
+    loggers = build_loggers(cfg)
+    trainer = build_trainer(cfg, settings, loggers, build_callbacks(cfg, settings))
+    try:
+        trainer.fit(module, datamodule=datamodule, ckpt_path=cfg.get("ckpt_path"))
+    except SIGTERMException:
+        log.info("stopped by SIGTERM after saving a checkpoint")
+    finally:
+        close_loggers(loggers)
+    metrics = {key: float(value) for key, value in trainer.callback_metrics.items()}
+    clock = module.training_state.clock
+    if trainer.is_global_zero and "val/loss" in metrics:
+        log.info(
+            "finished at step %d after %s tokens: val/loss %.4f (nats per token); outputs in %s",
+            clock.steps, f"{clock.tokens:,}", metrics["val/loss"], trainer.default_root_dir,
+        )  # fmt: skip
+    return metrics

@@ -1,0 +1,115 @@
+"""Every `python train.py` and `python scripts/...` command in the README and docs/ works as written.
+
+Each train.py command is composed as Hydra composes it (a multirun's every job, a sweep
+preset's parameters, launchers such as SLURM included) and goes through the config checks
+of train.py with the process count it states; GPU and cluster commands are checked that
+way without being run. Each script command's arguments go through the script's own
+parser. The README's CPU-sized train.py commands are also run, stopped after two steps.
+"""
+
+import importlib.util
+import itertools
+import re
+import shlex
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from omegaconf import OmegaConf
+
+from launch.run_settings import check_config, world_size
+from tests.run_helpers import REPO, run_train
+
+DOCUMENTS = [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md"))]
+PARSER = OverridesParser.create()
+# Stand-ins for what a reader fills in: a run's time stamp, a folder of their own.
+PLACEHOLDERS = {"<time>": "2026-01-01_00-00-00", "<tokenizer>": "/path/to/tokenizer", "<a 32k tokenizer>": "/path/to/tokenizer"}
+HYDRA_FLAGS = {"-m", "--multirun"}
+
+
+def commands() -> list[tuple[str, str]]:
+    """(where, command) for every python train.py / python scripts/ command in a bash block."""
+    found = []
+    for document in DOCUMENTS:
+        for block in re.findall(r"```bash\n(.*?)```", document.read_text(), re.S):
+            for line in block.replace("\\\n", " ").splitlines():
+                for part in line.split("&&"):
+                    command = part.split(" #")[0].strip()
+                    for name, value in PLACEHOLDERS.items():
+                        command = command.replace(name, value)
+                    if command.startswith(("python train.py", "python scripts/")):
+                        found.append((f"{document.relative_to(REPO)}: {command}", command))
+    return found
+
+
+COMMANDS = commands()
+
+
+def test_the_docs_hold_commands():
+    assert sum(c.startswith("python train.py") for _, c in COMMANDS) >= 30
+    assert sum(c.startswith("python scripts/") for _, c in COMMANDS) >= 10
+
+
+def compose_jobs(overrides: list[str]) -> list:
+    """The composed config of every job the command would run (one without -m)."""
+    multirun = any(flag in overrides for flag in HYDRA_FLAGS)
+    arguments = [o for o in overrides if o not in HYDRA_FLAGS and not o.startswith("--cfg") and o not in ("job", "hydra")]
+    parsed = PARSER.parse_overrides(arguments)
+    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+        fixed = [o.input_line for o in parsed if not (multirun and o.is_sweep_override())]
+        base = compose("train", overrides=fixed, return_hydra_config=True)
+        params = base.hydra.sweeper.get("params") if multirun else None
+        params = OmegaConf.to_container(params) if params else {}
+        axes = []
+        for override in parsed:
+            key = override.get_key_element()
+            values = list(override.sweep_string_iterator()) if multirun and override.is_sweep_override() else None
+            axes.append([f"{key}={v}" for v in values] if values else [override.input_line])
+        axes += [[f"{key}={v}" for v in str(value).split(",")] for key, value in params.items()
+                 if not any(o.get_key_element() == key for o in parsed)]  # fmt: skip
+        return [compose("train", overrides=list(job), return_hydra_config=True) for job in itertools.product(*axes)]
+
+
+@pytest.mark.parametrize(("where", "command"), [c for c in COMMANDS if c[1].startswith("python train.py")],
+                         ids=lambda value: value[:90] if isinstance(value, str) else None)  # fmt: skip
+def test_train_command_composes_and_passes_the_checks(where, command):
+    for cfg in compose_jobs(shlex.split(command)[2:]):
+        check_config(cfg, processes=world_size(cfg.trainer) or 1)
+
+
+def script_module(path: Path):
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize(("where", "command"), [c for c in COMMANDS if c[1].startswith("python scripts/")],
+                         ids=lambda value: value[:90] if isinstance(value, str) else None)  # fmt: skip
+def test_script_command_parses(where, command):
+    words = shlex.split(command)
+    script = REPO / words[1]
+    assert script.is_file(), f"{where}: no such script"
+    arguments = words[2:]
+    if "--" in arguments:  # train.py overrides passed through: they must compose too
+        arguments, overrides = arguments[: arguments.index("--")], arguments[arguments.index("--") + 1 :]
+        compose_jobs(overrides)
+    script_module(script).parse_args(arguments)
+
+
+CPU_SIZED = [
+    command
+    for where, command in COMMANDS
+    if where.startswith("README.md")
+    and command.startswith("python train.py")
+    and not re.search(r"trainer=gpu|hydra/launcher|-m |--cfg|ckpt_path=|init_from_hf=|model=(?!tiny)|devices=[3-9]|data=hub", command)
+]
+
+
+@pytest.mark.parametrize("command", CPU_SIZED)
+def test_readme_cpu_command_trains(command, tmp_path, tmp_path_factory):
+    """The README's CPU commands as pasted, stopped after two optimizer steps."""
+    overrides = shlex.split(command)[2:] + ["trainer.max_steps=2", "trainer.num_sanity_val_steps=0", "logger=csv"]
+    result = run_train(overrides, tmp_path / "run", tmp_path_factory.getbasetemp() / "cache", timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]

@@ -1,0 +1,129 @@
+"""Every mistake in settings, data or a checkpoint ends with exit code 2 and one `error:` line.
+
+train.py runs in this process as `python train.py ...` runs it (``runpy`` with the
+arguments in ``sys.argv``), so each case costs a fraction of a second; one case is also run
+as a real subprocess. Each error names the setting or file and the fix, and a failed run
+leaves no folder and no cache behind where it stopped before tokenizing.
+"""
+
+import contextlib
+import io
+import json
+import runpy
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.run_helpers import REPO, TINY, run_train
+
+TRAIN = str(REPO / "train.py")
+
+
+def train_in_process(arguments: list[str], run_dir: Path, cache: Path) -> tuple[int, str]:
+    """Exit code and stderr of `python train.py ARGUMENTS` (0 when it returns normally)."""
+    argv = [TRAIN, f"hydra.run.dir={run_dir}", f"paths.cache_dir={cache}", *arguments]
+    errors, saved = io.StringIO(), sys.argv
+    sys.argv = argv
+    try:
+        with contextlib.redirect_stderr(errors):
+            runpy.run_path(TRAIN, run_name="__main__")
+    except SystemExit as exit_:
+        return int(exit_.code or 0), errors.getvalue()
+    finally:
+        sys.argv = saved
+    return 0, errors.getvalue()
+
+
+def error_lines(stderr: str) -> list[str]:
+    return [line for line in stderr.splitlines() if line.startswith("error: ")]
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["batch.global_batch_size=abc"], "error: batch.global_batch_size='abc' must be an integer."),
+        (["token_budget=abc"], "error: token_budget='abc' must be an integer or null."),
+        (["optimizer.lr=abc"], "error: optimizer.lr='abc' must be a number."),
+        (["optimizer.lr=-1"], "error: optimizer.lr=-1.0 must be > 0."),
+        (["data.seq_len=4"], "error: data.seq_len must be an integer >= 8, got 4"),
+        (["optimiser.lr=1"], "error: Could not override 'optimiser.lr'"),
+        (["+experiment=nope"], "error: In 'train': Could not find 'experiment/nope'"),
+        (["trainer.devices=2", "trainer.accelerator=cpu"], "need a distributed strategy: add strategy=ddp"),
+        (["batch.micro_batch_size=3"], "batch.micro_batch_size=3 does not divide each rank's share"),
+        (["+technique=diloco", "technique.diloco.replicas=0"], "technique.diloco.replicas=0"),
+        (["data.tokenizer.vocab_size=4096"], "data.tokenizer.vocab_size=4096 applies to kind=bpe"),
+    ],
+)
+def test_setting_mistakes_are_one_line_before_any_work(overrides, message, tmp_path):
+    code, stderr = train_in_process(TINY + overrides, tmp_path / "run", tmp_path / "cache")
+    assert code == 2, stderr[-3000:]
+    lines = error_lines(stderr)
+    assert len(lines) == 1 and message in lines[0], stderr[-3000:]
+    assert not (tmp_path / "cache").exists() and not (tmp_path / "run").exists()
+
+
+def files_source(*paths: Path) -> list[str]:
+    return ["data=local_files", f"data.source.paths=[{','.join(str(p) for p in paths)}]"]
+
+
+def test_data_mistakes_name_the_file_and_the_fix(tmp_path):
+    cases = {}
+    (tmp_path / "latin.txt").write_bytes("caf\xe9 au lait\n\nmore text".encode("latin-1"))
+    cases["latin"] = (files_source(tmp_path / "latin.txt"), "latin.txt: not valid UTF-8 at byte 3 (line 1)")
+    lines = [json.dumps({"text": f"document {i} " * 20}) for i in range(30)]
+    (tmp_path / "broken.jsonl").write_text("\n".join(lines[:2] + ['{"text": "unterminated'] + lines[2:]) + "\n")
+    cases["jsonl"] = (files_source(tmp_path / "broken.jsonl"), "broken.jsonl: line 3 is not valid JSON")
+    cases["missing"] = (files_source(tmp_path / "nowhere.txt"), "data.source.paths: ")
+    (tmp_path / "small.txt").write_text("a few words\n\nand a few more\n")
+    cases["small"] = (files_source(tmp_path / "small.txt") + ["data.val_fraction=0.4"], "split has 0")
+    for name, (overrides, message) in cases.items():
+        code, stderr = train_in_process(TINY + overrides, tmp_path / name, tmp_path / f"cache_{name}")
+        lines = error_lines(stderr)
+        assert code == 2 and len(lines) == 1 and message in lines[0], (name, stderr[-3000:])
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory) -> tuple[Path, Path]:
+    """A 2-step TINY run's last checkpoint, and the cache it was trained from."""
+    tmp = tmp_path_factory.mktemp("trained")
+    code, stderr = train_in_process(TINY + ["trainer.max_steps=2", "logger=none"], tmp / "run", tmp / "cache")
+    assert code == 0, stderr[-3000:]
+    return tmp / "run" / "checkpoints" / "last.ckpt", tmp / "cache"
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["ckpt_path={tmp}/missing.ckpt"], "does not exist"),
+        (["ckpt_path={tmp}/corrupt.ckpt"], "is not a readable checkpoint"),
+        (["ckpt_path={ckpt}", "model.d_model=64"], "was trained with model.d_model=32, but this run has model.d_model=64"),
+        (["ckpt_path={ckpt}", "data.seq_len=64"], "was trained with data.seq_len=32, but this run has data.seq_len=64"),
+        (["ckpt_path={ckpt}", "+technique=diloco", "trainer.max_steps=4"], "technique.diloco.replicas (simulated)=1"),
+    ],
+)
+def test_checkpoint_mistakes_are_refused_naming_the_setting(overrides, message, checkpoint, tmp_path):
+    ckpt, cache = checkpoint
+    (tmp_path / "corrupt.ckpt").write_bytes(b"not a checkpoint")
+    overrides = [o.format(tmp=tmp_path, ckpt=ckpt) for o in overrides]
+    code, stderr = train_in_process(TINY + ["trainer.max_steps=3", "logger=none"] + overrides, tmp_path / "run", cache)
+    lines = error_lines(stderr)
+    assert code == 2 and len(lines) == 1 and message in lines[0], stderr[-3000:]
+
+
+def test_resume_applies_a_new_learning_rate_and_batch_and_says_so(checkpoint, tmp_path):
+    ckpt, cache = checkpoint
+    overrides = ["trainer.max_steps=3", "logger=none", f"ckpt_path={ckpt}", "optimizer.lr=2e-3", "batch.global_batch_size=16"]
+    result = run_train(TINY + overrides, tmp_path / "run", cache)
+    assert result.returncode == 0, result.stderr[-3000:]
+    output = result.stdout + result.stderr
+    assert "resuming with optimizer.lr=0.002 (the checkpoint's run had 0.004)" in output
+    assert "resuming with batch.global_batch_size=16 (the checkpoint's run was at 8)" in output
+    state = torch.load(tmp_path / "run" / "checkpoints" / "last.ckpt", weights_only=False)["training_state"]
+    assert state["clock"]["sequences"] == 2 * 8 + 16  # two steps of 8, then one of 16
+
+
+def test_a_real_process_exits_2_with_one_line(tmp_path):
+    result = run_train(TINY + ["optimizer.lr=abc"], tmp_path / "run", tmp_path / "cache")
+    assert result.returncode == 2 and result.stderr.strip() == "error: optimizer.lr='abc' must be a number."
