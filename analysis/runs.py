@@ -7,6 +7,7 @@ such run folder per job, so runs are found by searching for `csv/metrics.csv`.
 """
 
 import csv
+import os
 import re
 import subprocess
 import sys
@@ -107,18 +108,20 @@ def find_runs(paths: list[str | Path]) -> list[Run]:
     return [load_run(folder) for folder in sorted(folders, key=_natural_key)]
 
 
-def train_run(name: str, overrides: list[str], out_dir: Path) -> tuple[Run, float]:
+def train_run(name: str, overrides: list[str], out_dir: Path, threads: int | None = None) -> tuple[Run, float]:
     """Train one run with train.py in a subprocess, as a user would; the run and its wall time.
 
     The run goes to `out_dir / name`, logs CSV every optimizer step, and a failure stops
-    the caller with the end of the run's stderr, where the error is.
+    the caller with the end of the run's stderr, where the error is. `threads` caps the
+    run's CPU threads (for runs side by side).
     """
     run_dir = out_dir / name
     command = [sys.executable, str(REPO / "train.py"), f"hydra.run.dir={run_dir}", "logger=csv",
                "trainer.log_every_n_steps=1", *overrides]  # fmt: skip
     print(f"training {name}: {' '.join(overrides)}", file=sys.stderr, flush=True)
     started = time.perf_counter()
-    result = subprocess.run(command, cwd=REPO, capture_output=True, text=True)
+    env = {**os.environ, **({"OMP_NUM_THREADS": str(threads)} if threads else {})}
+    result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, env=env)
     if result.returncode != 0:
         raise RuntimeError(f"{name} failed:\n{result.stderr[-3000:]}")
     return load_run(run_dir), time.perf_counter() - started

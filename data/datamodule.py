@@ -9,7 +9,6 @@ resumed run reads exactly the rows it would have read.
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Iterator, Mapping
 from itertools import chain
 from pathlib import Path
@@ -37,8 +36,7 @@ class TextDataModule(L.LightningDataModule):
     The constructor only checks settings (cheap, nothing is read). The tokenizer is
     built on first use of `tokenizer` / `vocab_size` / `eos_id` (a `bpe` tokenizer is
     trained then), `prepare_data()` tokenizes the corpus into the cache and `setup()`
-    memory-maps it. The data-parallel rank and size come from the attached trainer
-    unless `set_data_parallel` gave explicit values (e.g. DiLoCo replica groups).
+    memory-maps it. The data-parallel rank and size come from the attached trainer.
 
     Every call of `next()` on the train loader is one micro-batch on this rank, and all
     ranks must draw the same number of them: then `rows_consumed` (a multiple of
@@ -75,7 +73,6 @@ class TextDataModule(L.LightningDataModule):
         self.cache_dir = Path(cache_dir)
         self._split = ValidationSplit(val_fraction)
         self._tokenizer: Tokenizer | None = None
-        self._data_parallel: tuple[int, int] | None = None
         self._train_rows: PackedRows | None = None
         self._val_rows: PackedRows | None = None
         self._sampler: ResumableRankSampler | None = None
@@ -111,22 +108,12 @@ class TextDataModule(L.LightningDataModule):
 
     # -- data parallelism ----------------------------------------------------------------
 
-    def set_data_parallel(self, rank: int, size: int) -> None:
-        """Override the data-parallel rank and size read from the trainer (call before `train_dataloader`)."""
-        if not 0 <= rank < size:
-            raise ValueError(f"data-parallel rank {rank} is not in [0, size={size})")
-        self._data_parallel = (rank, size)
-
     @property
     def dp_rank(self) -> int:
-        if self._data_parallel is not None:
-            return self._data_parallel[0]
         return self.trainer.global_rank if self.trainer is not None else 0
 
     @property
     def dp_size(self) -> int:
-        if self._data_parallel is not None:
-            return self._data_parallel[1]
         return self.trainer.world_size if self.trainer is not None else 1
 
     # -- Lightning hooks -----------------------------------------------------------------
@@ -159,7 +146,6 @@ class TextDataModule(L.LightningDataModule):
             shuffle=self.shuffle,
             start_position=self.rows_consumed,
         )
-        _silence_deliberate_loader_warnings()
         return DataLoader(TrainBatches(self._rows("train"), self._sampler), batch_size=None, num_workers=0)
 
     def val_dataloader(self) -> DataLoader:
@@ -167,7 +153,6 @@ class TextDataModule(L.LightningDataModule):
         batches = ValidationBatches(
             self._rows("val"), self.micro_batch_size, self.dp_rank, self.dp_size, self.val_max_rows
         )
-        _silence_deliberate_loader_warnings()
         return DataLoader(batches, batch_size=None, num_workers=0)
 
     # -- resume ------------------------------------------------------------------------
@@ -218,11 +203,8 @@ class TextDataModule(L.LightningDataModule):
     # -- helpers -------------------------------------------------------------------------
 
     @property
-    def num_train_rows(self) -> int:
-        return self._rows("train").num_rows
-
-    @property
     def num_val_rows(self) -> int:
+        """Rows of the validation split at this packing."""
         return self._rows("val").num_rows
 
     def _rows(self, split: str) -> PackedRows:
@@ -277,18 +259,6 @@ def _check_settings(
         raise ConfigError(f"data.shuffle must be true or false, got {shuffle!r}")
     if not _is_int(seed):
         raise ConfigError(f"data.seed must be an integer, got {seed!r}")
-
-
-def _silence_deliberate_loader_warnings() -> None:
-    """Hide Lightning's advice against deliberate choices of these loaders (see `data.batches`).
-
-    Its warnings about few workers and about `__len__` on an `IterableDataset` with
-    worker processes do not apply (batches are memmap slices, there are no workers), and
-    a mid-epoch resume is exact because the position is restored by `load_state_dict`.
-    """
-    warnings.filterwarnings("ignore", message=".*does not have many workers.*")
-    warnings.filterwarnings("ignore", message="Your `IterableDataset` has `__len__` defined.*")
-    warnings.filterwarnings("ignore", message="You're resuming from a checkpoint that ended before the epoch ended.*")
 
 
 def _is_int(value: Any) -> bool:

@@ -19,6 +19,8 @@ from collections.abc import Iterator
 import torch
 from torch.utils.data import Sampler
 
+from launch.errors import CheckpointError
+
 
 class ResumableRankSampler(Sampler[list[int]]):
     """An infinite batch sampler: yields this rank's micro-batches (lists of b row indices).
@@ -82,7 +84,7 @@ def check_position(position: int, micro_batch_size: int, dp_size: int) -> None:
     """A resume position must fall on a group boundary, or ranks would disagree on what was read."""
     group = micro_batch_size * dp_size
     if isinstance(position, bool) or not isinstance(position, int) or position < 0 or position % group:
-        raise ValueError(
+        raise CheckpointError(
             f"start position {position!r} (rows consumed) must be a non-negative multiple of "
             f"micro_batch_size * dp_size = {micro_batch_size} * {dp_size} = {group}; resume with the "
             "micro_batch_size and data-parallel size that wrote the checkpoint, or ones whose product divides it"

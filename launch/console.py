@@ -14,7 +14,18 @@ SILENCED_MESSAGES = (
     "try installing [litlogger]",  # Lightning's advertisement for its cloud logger
     "`weights_only` was not set, defaulting to `False`",  # our own checkpoints hold config objects
 )
-SILENCED_WARNINGS = (r"`isinstance\(treespec, LeafSpec\)` is deprecated",)  # inside Lightning, not ours to change
+SILENCED_WARNINGS = (
+    r"`isinstance\(treespec, LeafSpec\)` is deprecated",  # inside Lightning, not ours to change
+    r"Detected an existing checkpoint in .*, overwriting",  # last.ckpt is meant to be overwritten
+    # ModelCheckpoint saves the state after the optimizer step: the state the clock describes.
+    r"Using ModelCheckpoint with manual optimization",
+    # The data loaders are deliberate (data/batches.py): batches are memmap slices, so no
+    # workers; a length, so Lightning does not prefetch past the resumable position; a
+    # resume mid-epoch is exact because the position is restored by the data module.
+    r".*does not have many workers",
+    r"Your `IterableDataset` has `__len__` defined",
+    r"You're resuming from a checkpoint that ended before the epoch ended",
+)
 LIBRARY_LOGGERS = ("lightning", "lightning.pytorch", "lightning.fabric")
 
 

@@ -22,6 +22,7 @@ from launch.builders import (
 from launch.console import quiet_console
 from launch.resume import check_resume
 from launch.run_settings import RunSettings, check_config
+from lightning_modules.parallelism import check_kernels_available
 
 log = logging.getLogger(__name__)
 
@@ -32,6 +33,7 @@ def train(cfg: DictConfig, settings: RunSettings) -> dict[str, float]:
     world = processes(cfg.trainer)
     if settings.run.world_size != world:
         settings = check_config(cfg, processes=world)  # the checks that needed the process count
+    check_kernels_available(settings.layout)
     L.seed_everything(cfg.seed, workers=True, verbose=False)
     datamodule = build_datamodule(cfg, settings)
     module = build_module(cfg, settings, datamodule.vocab_size)

@@ -12,7 +12,6 @@ state and calls the step-level hooks of ``callbacks/step_callback.py`` in a fixe
 
 import logging
 import math
-import warnings
 from dataclasses import asdict
 from typing import Any
 
@@ -42,9 +41,6 @@ from lightning_modules.training_state import TrainingState
 PROGRESS_BAR_KEYS = ("train/loss", "perf/tokens_per_sec")
 log = logging.getLogger(__name__)
 
-# ModelCheckpoint warns that under manual optimization it saves the state after the
-# optimizer step: that is the state the clock in the checkpoint describes.
-warnings.filterwarnings("ignore", message="Using ModelCheckpoint with manual optimization")
 
 
 class LlamaLightningModule(L.LightningModule):

@@ -4,7 +4,7 @@
     python scripts/fit_scaling_laws.py --table paper --predict 4e9
 
 Reads each run's final val/loss, its model size N (parameters of its model config),
-DiLoCo replicas M (`diloco.replicas`; runs without a `diloco` section are data
+DiLoCo replicas M (`technique.diloco.replicas`; runs without that section are data
 parallel), inner LR (`optimizer.lr`) and batch in tokens (`batch.global_batch_size` x
 `data.seq_len`). Keeps the best run per (M, N), then fits L(N) = A N^alpha per group
 (`--offset`: also + C), the best inner LR and batch as a N^b, and the joint

@@ -9,6 +9,7 @@ import json
 import math
 from fractions import Fraction
 from pathlib import Path
+from types import SimpleNamespace
 
 import lightning as L
 import numpy as np
@@ -313,10 +314,15 @@ def test_sampler_rejects_start_position_off_group_boundary():
 # -- datamodule -------------------------------------------------------------------------------
 
 
+def rank_of(rank: int, size: int) -> SimpleNamespace:
+    """What the data module reads from a Trainer of `size` processes on process `rank`."""
+    return SimpleNamespace(global_rank=rank, world_size=size, lightning_module=None)
+
+
 def test_datamodule_resume_gives_the_same_next_batches(tmp_path):
     source = {"kind": "files", "paths": [str(write_jsonl(tmp_path / "d.jsonl", make_documents(40)))]}
     original = ready(datamodule(tmp_path, source))
-    original.set_data_parallel(1, 2)
+    original.trainer = rank_of(1, 2)
     loader = iter(original.train_dataloader())
     [next(loader) for _ in range(5)]
     state = original.state_dict()
@@ -324,7 +330,7 @@ def test_datamodule_resume_gives_the_same_next_batches(tmp_path):
     expected = [next(loader)["input_ids"] for _ in range(30)]  # past a data epoch boundary
 
     resumed = ready(datamodule(tmp_path, source))
-    resumed.set_data_parallel(1, 2)
+    resumed.trainer = rank_of(1, 2)
     resumed.load_state_dict(state)
     assert all(torch.equal(a, b) for a, b in zip(take(resumed.train_dataloader(), 30), expected))
 
@@ -376,7 +382,7 @@ def test_validation_rows_split_evenly_over_ranks(tmp_path):
     total = min(module.num_val_rows, 14) // 3 * 3
     shards = []
     for rank in range(3):
-        module.set_data_parallel(rank, 3)
+        module.trainer = rank_of(rank, 3)
         shards.append(torch.cat([b["input_ids"] for b in module.val_dataloader()]))
     assert len({len(shard) for shard in shards}) == 1
     expected = torch.stack([torch.from_numpy(module._val_rows.row(k)[:-1].astype(np.int64)) for k in range(total)])

@@ -44,7 +44,7 @@ def test_bad_config_exits_before_any_work(tmp_path):
 
 def test_end_to_end_run_writes_an_offline_wandb_run_and_consistent_mfu(tmp_path):
     run_dir, peak = tmp_path / "run", 1e11
-    overrides = ["logger=[wandb,csv]", "trainer.max_steps=6", "+experiment=baseline",
+    overrides = ["logger=[wandb,csv]", "trainer.max_steps=6", "+experiment=baseline", "trainer.log_every_n_steps=2",
                  f"callbacks.throughput.peak_flops_per_device={peak}", "callbacks.throughput.warmup_steps=1"]  # fmt: skip
     result = run_train(TINY + overrides, run_dir, tmp_path / "cache")
     assert result.returncode == 0, result.stderr[-3000:]
@@ -52,6 +52,12 @@ def test_end_to_end_run_writes_an_offline_wandb_run_and_consistent_mfu(tmp_path)
     assert len(runs) == 1, list(run_dir.rglob("*"))[:20]
     assert list(runs[0].glob("*.wandb")), "the offline run holds no W&B data file"
     assert (run_dir / "checkpoints" / "last.ckpt").exists()
+
+    output = result.stdout + result.stderr
+    for noise in ("litlogger", "weights_only", "LeafSpec", "anonymous setting", "v_num"):
+        assert noise not in output, noise
+    assert output.count("GPU available") == 1  # every log line once, not again through a second handler
+    assert "1.54k/1.54k tokens" in output  # 6 steps of 256 tokens: the bar ends at max_steps, not the budget
 
     with open(run_dir / "csv" / "metrics.csv") as file:
         rows = [row for row in csv.DictReader(file) if row.get("perf/mfu")]
