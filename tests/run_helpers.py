@@ -1,6 +1,9 @@
 """Shared helpers for tests that train: tiny settings, Hydra composition, subprocess runs."""
 
+import contextlib
+import io
 import os
+import runpy
 import subprocess
 import sys
 from pathlib import Path
@@ -119,3 +122,19 @@ def fit_in_process(cfg, callbacks: list | None = None, loggers: list | None = No
     trainer = build_trainer(cfg, settings, list(loggers or []), build_callbacks(cfg, settings) + list(callbacks or []))
     trainer.fit(module, datamodule=datamodule, ckpt_path=cfg.get("ckpt_path"))
     return module, trainer
+
+
+def train_in_process(arguments: list[str], run_dir: Path, cache: Path) -> tuple[int, str]:
+    """Exit code and stderr of `python train.py ARGUMENTS` (0 when it returns normally)."""
+    train = str(REPO / "train.py")
+    argv = [train, f"hydra.run.dir={run_dir}", f"paths.cache_dir={cache}", *arguments]
+    errors, saved = io.StringIO(), sys.argv
+    sys.argv = argv
+    try:
+        with contextlib.redirect_stderr(errors):
+            runpy.run_path(train, run_name="__main__")
+    except SystemExit as exit_:
+        return int(exit_.code or 0), errors.getvalue()
+    finally:
+        sys.argv = saved
+    return 0, errors.getvalue()

@@ -30,9 +30,22 @@ def installed_patterns() -> list[str]:
     return pyproject["tool"]["setuptools"]["packages"]["find"]["include"]
 
 
+def imported_packages() -> set[str]:
+    """First-party packages the entry points import, directly or through each other."""
+    found = set().union(*(imported_top_level(path) for path in ENTRY_POINTS)) & FIRST_PARTY
+    frontier = set(found)
+    while frontier:
+        package = frontier.pop()
+        for module in (REPO / package).rglob("*.py"):
+            new = (imported_top_level(module) & FIRST_PARTY) - found
+            found |= new
+            frontier |= new
+    return found
+
+
 def test_every_imported_first_party_package_is_installed():
     patterns = installed_patterns()
-    imported = set().union(*(imported_top_level(path) for path in ENTRY_POINTS)) & FIRST_PARTY
+    imported = imported_packages()
     assert imported >= {"launch", "lightning_modules", "callbacks", "data", "analysis", "evaluation", "benchmarks"}
     for package in imported:
         assert any(fnmatch(package, pattern) for pattern in patterns), f"{package} is not in pyproject's packages"

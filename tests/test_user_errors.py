@@ -6,34 +6,13 @@ as a real subprocess. Each error names the setting or file and the fix, and a fa
 leaves no folder and no cache behind where it stopped before tokenizing.
 """
 
-import contextlib
-import io
 import json
-import runpy
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-from tests.run_helpers import REPO, TINY, run_train
-
-TRAIN = str(REPO / "train.py")
-
-
-def train_in_process(arguments: list[str], run_dir: Path, cache: Path) -> tuple[int, str]:
-    """Exit code and stderr of `python train.py ARGUMENTS` (0 when it returns normally)."""
-    argv = [TRAIN, f"hydra.run.dir={run_dir}", f"paths.cache_dir={cache}", *arguments]
-    errors, saved = io.StringIO(), sys.argv
-    sys.argv = argv
-    try:
-        with contextlib.redirect_stderr(errors):
-            runpy.run_path(TRAIN, run_name="__main__")
-    except SystemExit as exit_:
-        return int(exit_.code or 0), errors.getvalue()
-    finally:
-        sys.argv = saved
-    return 0, errors.getvalue()
+from tests.run_helpers import TINY, run_train, train_in_process
 
 
 def error_lines(stderr: str) -> list[str]:

