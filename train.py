@@ -32,15 +32,18 @@ def main(cfg: DictConfig) -> float | None:
         return train(cfg, settings).get("val/loss")
     except UserError as error:  # reported here, not by Hydra, which would add its own line
         if is_rank_zero():
-            remove_empty_run_folder()
+            remove_empty_run_folder(Path(cfg.paths.output_dir) / "runs")
         fail(str(error))
 
 
-def remove_empty_run_folder() -> None:
-    """A run that failed before it wrote anything leaves no folder behind."""
+def remove_empty_run_folder(runs: Path) -> None:
+    """A run that failed before it wrote anything leaves no folder behind (nor, in the default
+    layout ``runs/<experiment>/<time>``, an empty experiment folder)."""
     folder = Path(HydraConfig.get().runtime.output_dir)
     if folder.is_dir() and {path.name for path in folder.iterdir()} <= HYDRA_ONLY:
         shutil.rmtree(folder, ignore_errors=True)
+        if folder.parent.parent.resolve() == runs.resolve() and not any(folder.parent.iterdir()):
+            folder.parent.rmdir()
 
 
 if __name__ == "__main__":

@@ -9,7 +9,6 @@ the process group, first use of the code paths) is not counted. Used by
 ``scripts/measure_meta_init.py`` and the tests.
 """
 
-import argparse
 import os
 import socket
 from multiprocessing.queues import SimpleQueue
@@ -18,12 +17,10 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from hydra.utils import instantiate
-from omegaconf import OmegaConf
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import fully_shard
 
-from lightning_modules.llama import Llama, LlamaConfig, count_parameters
+from lightning_modules.llama import Llama, LlamaConfig
 from lightning_modules.meta_init import materialize_and_init
 
 MODEL_CONF = Path(__file__).resolve().parents[1] / "conf" / "model"

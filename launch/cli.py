@@ -59,3 +59,13 @@ def fail(message: str) -> None:
     if is_rank_zero():
         print(f"error: {message}", file=sys.stderr, flush=True)
     sys.exit(2)
+
+
+def exit_code(work: Callable[[], object]) -> int:
+    """Run a script's work: 0, or 2 after one `error:` line for a user mistake (scripts' `main`)."""
+    try:
+        work()
+    except UserError as error:
+        print(f"error: {error}", file=sys.stderr, flush=True)
+        return 2
+    return 0

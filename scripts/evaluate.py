@@ -27,7 +27,8 @@ from evaluation.checkpoint import EvaluationCheckpoint, load_checkpoint_for_eval
 from evaluation.corpus_cloze import DEFAULT_K, TASK_NAME, build_corpus_cloze_task
 from evaluation.harness import MetricRow, TaskSpec, known_task_names, metric_rows, run_tasks
 from evaluation.lm_adapter import DEFAULT_BATCH_SIZE, LlamaLM
-from launch.errors import ConfigError, UserError
+from launch.cli import exit_code
+from launch.errors import ConfigError
 
 LOCAL_TASKS = (TASK_NAME,)
 
@@ -114,12 +115,7 @@ def evaluate_checkpoint(args: argparse.Namespace) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    try:
-        evaluate_checkpoint(args)
-    except UserError as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
-    return 0
+    return exit_code(lambda: evaluate_checkpoint(args))
 
 
 if __name__ == "__main__":

@@ -26,7 +26,7 @@ import torch
 
 from data.tokenizer_export import save_hf_tokenizer
 from evaluation.checkpoint import DATA_SETTINGS, checkpoint_model, read_checkpoint
-from launch.errors import UserError
+from launch.cli import exit_code
 from lightning_modules.hf_interop import DEFAULT_MAX_POSITION_EMBEDDINGS, save_hf_pretrained
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -66,12 +66,7 @@ def export(args: argparse.Namespace) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    try:
-        export(args)
-    except UserError as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
-    return 0
+    return exit_code(lambda: export(args))
 
 
 if __name__ == "__main__":

@@ -13,7 +13,6 @@ applied to them directly (sample means, deviations, projections) in float64.
 
 import copy
 import csv
-import math
 from pathlib import Path
 
 import lightning as L
