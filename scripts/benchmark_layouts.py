@@ -85,7 +85,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--warmup", type=int, default=2, help="first steps left out of the measurement")
     parser.add_argument("--global-batch", type=int, default=16, help="sequences per optimizer step (fixed)")
     parser.add_argument("--peak-flops", type=float, default=None, help="peak FLOP/s per device (CPU / unlisted GPUs)")
-    parser.add_argument("--csv", type=Path, default=Path("layout_benchmark.csv"), help="where to write the table")
+    parser.add_argument("--csv", type=Path, default=Path("outputs/layout_benchmark.csv"), help="where to write the table")
     parser.add_argument("overrides", nargs="*", help="train.py overrides shared by every layout (after --)")
     return parser.parse_args(argv)
 
@@ -109,6 +109,7 @@ def main(argv: list[str] | None = None) -> None:
     for row in rows:
         cells = [fmt(row.get(key, ""), key) for key in METRICS]
         print(f"| {row['layout']} | {' | '.join(cells)} | {row['status']} |")
+    args.csv.parent.mkdir(parents=True, exist_ok=True)
     with open(args.csv, "w", newline="") as file:
         writer = csv.DictWriter(file, fieldnames=["layout", "status", *METRICS], extrasaction="ignore")
         writer.writeheader()
