@@ -1,7 +1,7 @@
 """The adaptive batch-size statistics against a brute-force computation from per-sequence gradients.
 
 Reference: ``torch.func`` per-sequence gradients of the initial model on the step's 8
-sequences, grouped into the samples each strategy uses, and the formulas of DESIGN.md
+sequences, grouped into the samples each strategy uses, and the formulas of docs/techniques/adaptive_batch.md
 applied to them directly (sample means, deviations, projections) in float64.
 
 - one device, 4 micro-batches of 2: samples are micro-batches (positions 0-1, 2-3, ...);
@@ -55,7 +55,7 @@ def per_sequence_gradients(model: torch.nn.Module, batch: dict[str, torch.Tensor
 
 
 def reference(per_sequence: torch.Tensor, samples: list[list[int]]) -> dict[str, float]:
-    """The statistics of DESIGN.md, from the sample gradients themselves."""
+    """The statistics as docs/techniques/adaptive_batch.md defines them, from the sample gradients themselves."""
     g_j = torch.stack([per_sequence[rows].mean(0) for rows in samples])
     n, b_s = len(samples), len(samples[0])
     g = g_j.mean(0)
