@@ -48,11 +48,14 @@ class Tokenizer(Protocol):
     eos_id: int
     fingerprint: str
 
-    def encode(self, text: str) -> np.ndarray: ...
+    def encode(self, text: str) -> np.ndarray:
+        """Token ids of one text, without special tokens."""
 
-    def encode_batch(self, texts: Sequence[str]) -> list[np.ndarray]: ...
+    def encode_batch(self, texts: Sequence[str]) -> list[np.ndarray]:
+        """Token ids of each text (batched for speed where the library can)."""
 
-    def decode(self, ids: Sequence[int] | np.ndarray) -> str: ...
+    def decode(self, ids: Sequence[int] | np.ndarray) -> str:
+        """The text of token ids (the end-of-document token is not text)."""
 
 
 class ByteTokenizer:
