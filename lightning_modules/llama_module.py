@@ -95,13 +95,13 @@ class LlamaLightningModule(L.LightningModule):
         self._step_loss = torch.zeros(())
         self._step_tokens = 0
         self._grad_norm = torch.zeros(())
+        self._step_callbacks: list[StepCallback] = []
 
     @property
     def step_callbacks(self) -> list[StepCallback]:
-        """The callbacks that receive the step-level hooks, in the trainer's order."""
-        if self._trainer is None:
-            return []
-        return [callback for callback in self.trainer.callbacks if isinstance(callback, StepCallback)]
+        """The callbacks that receive the step-level hooks, in the trainer's order (found once
+        per fit, in ``setup``: the step calls them several times per micro-batch)."""
+        return self._step_callbacks
 
     # ---------------------------------------------------------------- model building
     def configure_model(self) -> None:
@@ -155,7 +155,7 @@ class LlamaLightningModule(L.LightningModule):
         return optimizer
 
     def setup(self, stage: str) -> None:
-        """Fix the data-parallel size, now known, into the global batch arithmetic."""
+        """Fix the data-parallel size, now known, into the global batch arithmetic; find the step callbacks."""
         if stage != "fit":
             return
         state = self.training_state
@@ -165,7 +165,11 @@ class LlamaLightningModule(L.LightningModule):
         )
         state.global_batch.load_state_dict(previous.state_dict())
         state.log_every_n_steps = self.trainer.log_every_n_steps
-        state.device = self.device
+        self._step_callbacks = [callback for callback in self.trainer.callbacks if isinstance(callback, StepCallback)]
+
+    def on_fit_start(self) -> None:
+        """The device is known once the strategy has placed the model (after ``setup``)."""
+        self.training_state.device = self.device
 
     # ---------------------------------------------------------------- forward / loss
     def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor | None = None) -> torch.Tensor:
@@ -183,7 +187,6 @@ class LlamaLightningModule(L.LightningModule):
         This runs before the strategy's forward, which is where DDP reads its sync flag.
         """
         state = self.training_state
-        state.device = self.device
         if state.micro_batch_index == 0:
             self._start_step()
         set_gradient_sync(self.trainer.strategy.model, enabled=state.is_last_micro_batch)

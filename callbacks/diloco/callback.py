@@ -80,6 +80,9 @@ class DiLoCo(StepCallback):
         state: TrainingState = pl_module.training_state
         names, parameters = zip(*state.model.named_parameters())
         self._parameters = list(parameters)
+        # What fp32 data parallelism over the same workers would send per global step.
+        every_parameter = range(len(self._parameters))
+        self._dp_bytes_per_step = bytes_sent_per_sync(self._model_size(every_parameter), self.settings.replicas, "none")
         self._replicas = Replicas(self._parameters, state.optimizer, self.settings.replicas if self.simulated else 1)
         device = torch.device("cpu") if self.settings.state_device == "cpu" else None
         anchors = [local(p).detach().float().clone().to(device or p.device) for p in self._parameters]
@@ -116,7 +119,7 @@ class DiLoCo(StepCallback):
             self._losses[(state.clock.steps - 1) % self.settings.replicas] = state.step_loss
         if not state.at_global_step_end:
             return
-        self.dp_bytes += bytes_sent_per_sync(self._model_size(range(len(self._parameters))), self.settings.replicas, "none")
+        self.dp_bytes += self._dp_bytes_per_step
         records = self._sync.after_global_step(state.global_steps)
         if state.stopping:
             records += self._sync.finish()
