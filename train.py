@@ -4,6 +4,7 @@
     python train.py +experiment=adaptive_bs                # an experiment from conf/experiment/
     python train.py '+technique=[seq_len_warmup,diloco]'   # techniques from conf/technique/
     python train.py -m seed=1,2,3                          # a multirun sweep
+    python train.py -m +sweep=NAME hydra.sweep.dir=DIR     # a study; the same command resumes it
 
 The config is checked before the heavy imports, so a mistake is reported within a couple
 of seconds, as one ``error:`` line with exit code 2 (``launch/cli.py``).
@@ -19,6 +20,7 @@ from omegaconf import DictConfig
 from launch.cli import fail, is_rank_zero, run_cli
 from launch.errors import UserError
 from launch.run_settings import check_config
+from launch.sweep_jobs import SweepJob, report_resume, report_skip
 
 HYDRA_ONLY = {".hydra", "train.log"}  # what Hydra writes into a run folder before the run starts
 
@@ -27,9 +29,22 @@ HYDRA_ONLY = {".hydra", "train.log"}  # what Hydra writes into a run folder befo
 def main(cfg: DictConfig) -> float | None:
     try:
         settings = check_config(cfg)
+        job = SweepJob.current()
+        if job is not None:
+            finished = job.finished_metrics()
+            if finished is not None:  # a resumed sweep: this job finished in an earlier run
+                report_skip(job, finished)
+                return finished.get("val/loss")
+            checkpoint = None if cfg.get("ckpt_path") else job.checkpoint()
+            if checkpoint is not None:  # interrupted in an earlier run
+                report_resume(job, checkpoint)
+                cfg.ckpt_path = str(checkpoint)
         from launch.training import train  # Lightning, torch, datasets: only for a valid config
 
-        return train(cfg, settings).get("val/loss")
+        result = train(cfg, settings)
+        if job is not None and result.finished:
+            job.mark_finished(result.metrics)
+        return result.metrics.get("val/loss")
     except UserError as error:  # reported here, not by Hydra, which would add its own line
         if is_rank_zero():
             remove_empty_run_folder(Path(cfg.paths.output_dir) / "runs")

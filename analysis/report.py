@@ -1,40 +1,56 @@
-"""Plots and a table of final metrics for a set of runs, from their local logs.
+"""The report on a set of runs: seeds grouped, their spread, plots with bands, verdicts on claims.
 
-One PNG per metric against tokens seen, one line per run, and a markdown table of each
-run's final values. This is what a W&B dashboard would show, made from the CSV logs, so
-it works offline and with no account.
+Runs that differ only in their seed form a group (a study's arm, or in any other sweep the
+runs whose overrides are equal once ``seed=`` is left out). For each group the report gives
+the mean ± standard deviation over seeds of the final validation loss, optimizer steps,
+tokens and training wall time; its plots show each group's mean curve with a min-max band
+over seeds, against tokens (every standard metric) and against optimizer steps and wall
+time (validation loss); a study's claims get a verdict each (``analysis/study.py``). This
+is what a W&B dashboard grouped by ``job_type`` shows, made from the CSV logs, so it works
+offline and with no account.
+
+    from analysis.report import study_report
+    report = study_report(["outputs/multiruns/study_batch_schedules/<time>"])
+    print(report.markdown())              # tables and verdicts; report.groups, report.verdicts
 """
 
 import textwrap
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import matplotlib
+import numpy as np
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from analysis.runs import Run  # noqa: E402
+from analysis.runs import STEP, TOKENS, WALL_TIME, Run, find_runs  # noqa: E402
+from analysis.study import Claim, Spread, StudySpec, Verdict, judge_claim  # noqa: E402
 
 
 @dataclass(frozen=True)
 class Plot:
-    """One metric to plot against tokens seen."""
+    """One metric to plot against an x-axis (a logged key)."""
 
     key: str
     label: str
     file: str
+    x: str = TOKENS
 
+
+X_LABELS = {TOKENS: "tokens seen", STEP: "optimizer steps", WALL_TIME: "training wall time (s)"}
 
 PLOTS = (
     Plot("val/loss", "validation loss (nats/token)", "val_loss.png"),
+    Plot("val/loss", "validation loss (nats/token)", "val_loss_vs_steps.png", x=STEP),
+    Plot("val/loss", "validation loss (nats/token)", "val_loss_vs_time.png", x=WALL_TIME),
     Plot("train/lr", "learning rate", "lr.png"),
     Plot("train/global_batch_size", "global batch (sequences)", "global_batch.png"),
     Plot("train/seq_len", "training sequence length (tokens)", "seq_len.png"),
     Plot("perf/mfu", "MFU", "mfu.png"),
 )
 
-# Table columns: header and metric; the value is the run's last logged one.
+# Per-run table columns: header and metric; the value is the run's last logged one.
 COLUMNS = (
     ("final val loss", "val/loss"),
     ("final train loss", "train/loss"),
@@ -45,105 +61,229 @@ COLUMNS = (
     ("tokens/s", "perf/tokens_per_sec"),
 )
 
+# Group table columns: header and final value (logged key or `Run.final`'s derived name).
+GROUP_COLUMNS = (
+    ("val/loss", "val/loss"),
+    ("optimizer steps", "steps"),
+    ("tokens", "tokens"),
+    ("wall time (s)", "wall_time"),
+)
 
-def evaluation_keys(runs: list[Run]) -> list[str]:
-    """The downstream evaluation metrics (``eval/<task>/<metric>``) any run logged."""
-    return sorted({key for run in runs for row in run.rows for key in row if key.startswith("eval/")})
+
+@dataclass(frozen=True)
+class Group:
+    """Runs that differ only in their seed."""
+
+    name: str
+    runs: tuple[Run, ...]
+
+    @property
+    def arm(self) -> str | None:
+        return self.runs[0].arm
+
+    @property
+    def seeds(self) -> list[int | None]:
+        return [run.seed for run in self.runs]
+
+    def spread(self, expression: str) -> Spread | None:
+        """The final value of ``expression`` (``Run.value``) over the group's runs that logged it."""
+        values = [value for value in (run.value(expression) for run in self.runs) if value is not None]
+        return Spread(tuple(values)) if values else None
 
 
-def plots_for(runs: list[Run]) -> list[Plot]:
-    """The standard plots, and one per evaluation metric the runs logged."""
-    return [*PLOTS, *(Plot(key, key, key.replace("/", "_") + ".png") for key in evaluation_keys(runs))]
+def group_runs(runs: list[Run]) -> list[Group]:
+    """Runs grouped by their overrides less the seed, groups in the order their first run comes.
+
+    A group is named by its study arm, followed by the overrides that tell it apart from
+    the other groups and are not the arm's own (e.g. a learning rate the sweep crosses the
+    arms with); outside a study, by those overrides alone.
+    """
+    grouped: dict[tuple[str, ...], list[Run]] = {}
+    for run in runs:
+        grouped.setdefault(run.group, []).append(run)
+    own = [[o for o in key if not o.startswith("study.arm=")] for key in grouped]
+    arms = [members[0].arm for members in grouped.values()]
+    if any(arms):
+        spec = study_spec(runs)
+        arm_overrides = spec.arms if spec else {}
+        own = [[o for o in overrides if o not in arm_overrides.get(arm, [])] for overrides, arm in zip(own, arms)]
+    same = len(set(map(tuple, own))) == 1
+    extras = [""] * len(own) if same and any(arms) else distinct_labels(own)
+    names = [" ".join(part for part in (arm, extra) if part) or "defaults" for arm, extra in zip(arms, extras)]
+    return [Group(name, tuple(members)) for name, members in zip(names, grouped.values())]
+
+
+def distinct_labels(overrides: list[list[str]]) -> list[str]:
+    """Short names: each list's overrides minus those every list shares (sweep jobs share most)."""
+    if len(overrides) < 2:
+        return [" ".join(o) for o in overrides]
+    shared = set.intersection(*(set(o) for o in overrides))
+    labels = [" ".join(x for x in o if x not in shared) for o in overrides]
+    return labels if all(labels) and len(set(labels)) == len(labels) else [" ".join(o) for o in overrides]
 
 
 def run_labels(runs: list[Run]) -> list[str]:
-    """Short, distinct names: each run's overrides minus those every run shares.
-
-    Sweep jobs share most of their overrides, so the full lists would hide the one
-    setting that differs. Where that leaves runs without a distinct name (runs from
-    different sweeps with the same settings), their folders name them.
-    """
-    if len(runs) < 2:
-        return [run.name for run in runs]
-    shared = set.intersection(*(set(run.overrides) for run in runs))
-    labels = [" ".join(o for o in run.overrides if o not in shared) for run in runs]
+    """Distinct run names (overrides not shared by all); the folders name runs that tie."""
+    labels = distinct_labels([run.overrides for run in runs])
     if all(labels) and len(set(labels)) == len(labels):
         return labels
     return [f"{label} [{run.path.parent.name}/{run.path.name}]".lstrip() for label, run in zip(labels, runs)]
 
 
-def plot_metric(runs: list[Run], labels: list[str], plot: Plot, path: Path) -> bool:
-    """Write the plot of one metric; False (nothing written) when no run logged it."""
-    curves = [(label, run.series(plot.key)) for label, run in zip(labels, runs)]
-    curves = [(label, series) for label, series in curves if series[0]]
-    if not curves:
-        return False
+# ---------------------------------------------------------------------------- curves
+def _curve(run: Run, plot: Plot) -> tuple[np.ndarray, np.ndarray]:
+    """The run's values of ``plot.key`` against ``plot.x`` (wall time interpolated at the rows' steps)."""
+    rows = [row for row in run.rows if plot.key in row and STEP in row]
+    if plot.x == WALL_TIME:
+        xs = run.at_step(WALL_TIME, [row[STEP] for row in rows])
+        rows = rows[: len(xs)]
+    else:
+        rows = [row for row in rows if plot.x in row]
+        xs = [row[plot.x] for row in rows]
+    return np.asarray(xs, dtype=float), np.asarray([row[plot.key] for row in rows], dtype=float)
+
+
+def band(curves: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Mean, min and max over curves on a common x grid: their x values where all of them
+    have data, each curve linearly interpolated onto it."""
+    low, high = max(xs[0] for xs, _ in curves), min(xs[-1] for xs, _ in curves)
+    grid = np.unique(np.concatenate([xs[(xs >= low) & (xs <= high)] for xs, _ in curves]))
+    values = np.stack([np.interp(grid, xs, ys) for xs, ys in curves])
+    return grid, values.mean(axis=0), values.min(axis=0), values.max(axis=0)
+
+
+def plot_groups(groups: list[Group], plot: Plot, path: Path) -> bool:
+    """Each group's mean curve with its min-max band over seeds; False when no run logged the metric."""
     figure, axis = plt.subplots(figsize=(8, 5))
-    for label, (tokens, values) in curves:
-        axis.plot(tokens, values, label=textwrap.fill(label, 100), marker="." if len(tokens) < 30 else None)
-    axis.set(xlabel="tokens seen", ylabel=plot.label, title=plot.label)
-    # Below the axes: sweep labels are long, and inside they would cover the curves.
-    axis.legend(fontsize="small", loc="upper left", bbox_to_anchor=(0, -0.12))
-    figure.savefig(path, dpi=120, bbox_inches="tight")
+    drawn = False
+    for group in groups:
+        curves = [curve for curve in (_curve(run, plot) for run in group.runs) if len(curve[0])]
+        if not curves:
+            continue
+        grid, mean, low, high = band(curves)
+        label = textwrap.fill(f"{group.name} (n={len(curves)})", 100)
+        (line,) = axis.plot(grid, mean, label=label, marker="." if len(grid) < 30 else None)
+        if len(curves) > 1:
+            axis.fill_between(grid, low, high, color=line.get_color(), alpha=0.2, linewidth=0)
+        drawn = True
+    if drawn:
+        axis.set(xlabel=X_LABELS[plot.x], ylabel=plot.label, title=f"{plot.label} (mean, band: min-max over seeds)")
+        # Below the axes: sweep labels are long, and inside they would cover the curves.
+        axis.legend(fontsize="small", loc="upper left", bbox_to_anchor=(0, -0.12))
+        figure.savefig(path, dpi=120, bbox_inches="tight")
     plt.close(figure)
-    return True
+    return drawn
 
 
+def evaluation_plots(runs: list[Run]) -> list[Plot]:
+    """One plot per downstream evaluation metric (``eval/<task>/<metric>``) any run logged."""
+    keys = sorted({key for run in runs for row in run.rows for key in row if key.startswith("eval/")})
+    return [Plot(key, key, key.replace("/", "_") + ".png") for key in keys]
+
+
+# ---------------------------------------------------------------------------- tables
 def _cell(value: float | None) -> str:
     if value is None:
         return "-"
     return f"{value:,.0f}" if value.is_integer() or abs(value) >= 100 else f"{value:.4f}"
 
 
-def final_table(runs: list[Run], labels: list[str]) -> str:
-    """Markdown table: one row per run, its last value of each metric ('-' if never logged),
-    evaluation metrics included."""
-    columns = [*COLUMNS, *((key, key) for key in evaluation_keys(runs))]
-    header = ["run", *(name for name, _ in columns)]
-    lines = [f"| {' | '.join(header)} |", f"|{'---|' * len(header)}"]
-    for label, run in zip(labels, runs):
-        cells = [label.replace("|", "\\|"), *(_cell(run.final(key)) for _, key in columns)]
-        lines.append(f"| {' | '.join(cells)} |")
-    return "\n".join(lines)
-
-
 def markdown_table(rows: list[dict[str, str]]) -> str:
     """A markdown table with the first row's keys as its header."""
     columns = list(rows[0])
     lines = [f"| {' | '.join(columns)} |", f"|{'---|' * len(columns)}"]
-    return "\n".join(lines + [f"| {' | '.join(row[column] for column in columns)} |" for row in rows])
+    cells = [[str(row[column]).replace("|", "\\|") for column in columns] for row in rows]
+    return "\n".join(lines + [f"| {' | '.join(row)} |" for row in cells])
 
 
-def plot_panels(
-    runs: dict[str, Run], panels: list[tuple[str, str]], title: str, path: Path, steps: tuple[str, ...] = ()
-) -> None:
-    """Stacked panels (metric key, axis label) sharing the tokens axis, one line per run;
-    keys in `steps` are drawn as steps (values that hold until the next change)."""
-    figure, axes = plt.subplots(len(panels), 1, sharex=True, figsize=(8, 3.5 * len(panels)))
-    for axis, (key, label) in zip(axes, panels):
-        for name, run in runs.items():
-            draw = axis.step if key in steps else axis.plot
-            draw(*run.series(key), label=name, linewidth=1)
-        axis.set(ylabel=label)
-    axes[0].set(title=title)
-    axes[-1].set(xlabel="tokens seen")
-    axes[0].legend()
-    figure.tight_layout()
-    figure.savefig(path, dpi=120)
-    plt.close(figure)
+def final_table(runs: list[Run], labels: list[str]) -> str:
+    """One row per run: its last value of each metric ('-' if never logged), evaluation included."""
+    columns = [*COLUMNS, *((plot.key, plot.key) for plot in evaluation_plots(runs))]
+    rows = [{"run": label, **{name: _cell(run.final(key)) for name, key in columns}} for label, run in zip(labels, runs)]
+    return markdown_table(rows)
 
 
-def write_report(runs: list[Run], out: Path) -> list[str]:
-    """Write the plots and `report.md` (table and plots) to `out`; returns what was skipped."""
+def group_table(groups: list[Group], extra: tuple[str, ...] = ()) -> str:
+    """One row per group: seeds, and mean ± std over seeds of each final value (and of the
+    ``extra`` expressions a study asks for, e.g. ``max(stability/loss_spike_ratio)``)."""
+    rows = []
+    for group in groups:
+        row = {"group": group.name, "seeds": f"{len(group.runs)} ({', '.join(str(s) for s in group.seeds)})"}
+        for name, key in (*GROUP_COLUMNS, *((e, e) for e in extra)):
+            spread = group.spread(key)
+            row[name] = str(spread) if spread is not None else "-"
+        rows.append(row)
+    return markdown_table(rows)
+
+
+def verdict_table(verdicts: list[Verdict]) -> str:
+    rows = [{"claim": v.claim.claim, "measured": "; ".join(v.measured), "verdict": v.verdict} for v in verdicts]
+    return markdown_table(rows)
+
+
+# ---------------------------------------------------------------------------- the report
+@dataclass
+class StudyReport:
+    """Runs, their groups and, for a study with claims, the verdicts."""
+
+    runs: list[Run]
+    groups: list[Group]
+    spec: StudySpec | None
+    verdicts: list[Verdict] = field(default_factory=list)
+
+    def markdown(self) -> str:
+        extra = tuple(self.spec.columns) if self.spec else ()
+        parts = [f"## Groups (mean ± std over seeds)\n\n{group_table(self.groups, extra)}"]
+        if self.verdicts:
+            parts.append(f"## Claims\n\n{verdict_table(self.verdicts)}")
+        return "\n\n".join(parts)
+
+
+def study_spec(runs: list[Run]) -> StudySpec | None:
+    """The study block the runs were made with (any run's config), if they are a study's."""
+    for run in runs:
+        node = run.setting("study")
+        if isinstance(node, dict) and node.get("arms"):
+            return StudySpec.from_config(node)
+    return None
+
+
+def build_report(runs: list[Run]) -> StudyReport:
+    groups = group_runs(runs)
+    spec = study_spec(runs)
+    verdicts = [judge_claim(claim, claim_spreads(claim, groups)) for claim in spec.claims] if spec else []
+    return StudyReport(runs, groups, spec, verdicts)
+
+
+def claim_spreads(claim: Claim, groups: list[Group]) -> dict[str, dict[str, Spread]]:
+    """The spreads a claim compares, by arm; an arm the sweep split into several groups
+    (crossed with other values) is left out, so the claim is inconclusive rather than wrong."""
+    spreads = {}
+    for arm in claim.arms:
+        matching = [group for group in groups if group.arm == arm]
+        if len(matching) == 1:
+            found = {metric: matching[0].spread(metric) for metric in claim.metrics}
+            spreads[arm] = {metric: spread for metric, spread in found.items() if spread is not None}
+    return spreads
+
+
+def study_report(paths: list[str | Path]) -> StudyReport:
+    """The report on every run under ``paths`` (run or sweep folders), for notebooks and scripts."""
+    return build_report(find_runs(list(paths)))
+
+
+def write_report(report: StudyReport, out: Path) -> list[str]:
+    """Write the plots and ``report.md`` to ``out``; returns what was skipped and why."""
     out.mkdir(parents=True, exist_ok=True)
-    labels = run_labels(runs)
     written, skipped = [], []
-    for plot in plots_for(runs):
-        if plot_metric(runs, labels, plot, out / plot.file):
+    for plot in (*PLOTS, *evaluation_plots(report.runs)):
+        if plot_groups(report.groups, plot, out / plot.file):
             written.append(plot)
         else:
-            skipped.append(f"{plot.key}: no run logged it, so {plot.file} was not written")
-    images = "\n\n".join(f"![{plot.label}]({plot.file})" for plot in written)
-    folders = "\n".join(f"- {label}: `{run.path}`" for label, run in zip(labels, runs))
-    (out / "report.md").write_text(f"# Runs\n\n{final_table(runs, labels)}\n\n{folders}\n\n{images}\n")
+            skipped.append(f"{plot.key} against {X_LABELS[plot.x]}: no run logged it, so {plot.file} was not written")
+    labels = run_labels(report.runs)
+    images = "\n\n".join(f"![{plot.label} against {X_LABELS[plot.x]}]({plot.file})" for plot in written)
+    folders = "\n".join(f"- {label}: `{run.path}`" for label, run in zip(labels, report.runs))
+    runs = f"## Runs\n\n{final_table(report.runs, labels)}\n\n{folders}"
+    (out / "report.md").write_text(f"# Report\n\n{report.markdown()}\n\n{runs}\n\n{images}\n")
     return skipped

@@ -4,23 +4,27 @@ A run folder is what `python train.py logger=csv` leaves behind: `csv/metrics.cs
 row per logged step, every row carrying `train/tokens_seen`), `csv/hparams.yaml` (the
 fully resolved config) and, from Hydra, `.hydra/overrides.yaml`. A sweep folder holds one
 such run folder per job, so runs are found by searching for `csv/metrics.csv`.
+
+A sweep job that was interrupted and resumed in its own folder appends to its
+`metrics.csv`, repeating the steps between its last checkpoint and the interruption: those
+rows are replaced by the resumed run's, so a run reads as if it had never stopped.
 """
 
 import csv
-import os
 import re
-import subprocess
-import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import yaml
 
-REPO = Path(__file__).resolve().parents[1]
 METRICS = Path("csv") / "metrics.csv"
 TOKENS = "train/tokens_seen"
+STEP = "step"
+WALL_TIME = "time/train_seconds"
+#: Names for a run's final values that are not logged under that name.
+DERIVED = {"steps": STEP, "tokens": TOKENS, "wall_time": WALL_TIME}
 
 
 @dataclass(frozen=True)
@@ -47,9 +51,25 @@ class Run:
         return [tokens for tokens, _ in points], [value for _, value in points]
 
     def final(self, key: str) -> float | None:
-        """The last logged value of `key`, or None when the run never logged it."""
+        """The last logged value of `key` (or of a `DERIVED` name: `steps`, `tokens`,
+        `wall_time`), or None when the run never logged it."""
+        key = DERIVED.get(key, key)
         values = [row[key] for row in self.rows if key in row]
         return values[-1] if values else None
+
+    def at_step(self, key: str, steps: list[float]) -> list[float]:
+        """`key` at the given optimizer steps, linearly interpolated between its logged values
+        (e.g. wall time at the steps of validation rows)."""
+        points = [(row[STEP], row[key]) for row in self.rows if key in row and STEP in row]
+        if not points:
+            return []
+        xs, ys = zip(*points)
+        return list(np.interp(steps, xs, ys))
+
+    @property
+    def seed(self) -> int | None:
+        value = self.setting("seed")
+        return int(value) if value is not None else None
 
     def setting(self, key: str) -> Any:
         """A config value by dotted key (`optimizer.lr`), or None when the config lacks it."""
@@ -60,11 +80,40 @@ class Run:
             node = node[part]
         return node
 
+    @property
+    def arm(self) -> str | None:
+        """The study arm this run belongs to (None outside a study)."""
+        arm = self.setting("study.arm")
+        return str(arm) if arm else None
+
+    @property
+    def group(self) -> tuple[str, ...]:
+        """What this run is one seed of: its overrides less the seed."""
+        return tuple(o for o in self.overrides if not o.startswith(("seed=", "+seed=")))
+
+    def value(self, expression: str) -> float | None:
+        """A final value (``Run.final``), or ``max(KEY)`` / ``min(KEY)`` over every logged value."""
+        for name, reduce in (("max", max), ("min", min)):
+            if expression.startswith(f"{name}(") and expression.endswith(")"):
+                values = [row[expression[4:-1]] for row in self.rows if expression[4:-1] in row]
+                return reduce(values) if values else None
+        return self.final(expression)
+
 
 def _read_rows(path: Path) -> list[dict[str, float]]:
-    """CSV rows as floats; empty cells (metrics not logged at that step) are left out."""
+    """CSV rows as floats; empty cells (metrics not logged at that step) are left out. Where
+    the step goes back (a resumed run), the rows it repeats are dropped in favour of the new."""
+    rows: list[dict[str, float]] = []
     with open(path, newline="") as file:
-        return [{key: float(value) for key, value in row.items() if value} for row in csv.DictReader(file)]
+        for row in csv.DictReader(file):
+            values = {key: float(value) for key, value in row.items() if value}
+            step = values.get(STEP)
+            if step is not None and rows and rows[-1].get(STEP, -1) > step:
+                rows = [kept for kept in rows if kept.get(STEP, -1) < step]
+            elif step is not None and rows and rows[-1].get(STEP) == step:  # the same row logged again
+                rows = [kept for kept in rows if kept.get(STEP) != step or kept.keys() != values.keys()]
+            rows.append(values)
+    return rows
 
 
 def _read_yaml(path: Path, default: Any) -> Any:
@@ -106,22 +155,3 @@ def find_runs(paths: list[str | Path]) -> list[Run]:
             raise FileNotFoundError(f"no runs under {path}: no {METRICS} found (train with logger=csv).")
         folders |= {folder.resolve() for folder in found}
     return [load_run(folder) for folder in sorted(folders, key=_natural_key)]
-
-
-def train_run(name: str, overrides: list[str], out_dir: Path, threads: int | None = None) -> tuple[Run, float]:
-    """Train one run with train.py in a subprocess, as a user would; the run and its wall time.
-
-    The run goes to `out_dir / name`, logs CSV every optimizer step, and a failure stops
-    the caller with the end of the run's stderr, where the error is. `threads` caps the
-    run's CPU threads (for runs side by side).
-    """
-    run_dir = out_dir / name
-    command = [sys.executable, str(REPO / "train.py"), f"hydra.run.dir={run_dir}", "logger=csv",
-               "trainer.log_every_n_steps=1", *overrides]  # fmt: skip
-    print(f"training {name}: {' '.join(overrides)}", file=sys.stderr, flush=True)
-    started = time.perf_counter()
-    env = {**os.environ, **({"OMP_NUM_THREADS": str(threads)} if threads else {})}
-    result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, env=env)
-    if result.returncode != 0:
-        raise RuntimeError(f"{name} failed:\n{result.stderr[-3000:]}")
-    return load_run(run_dir), time.perf_counter() - started

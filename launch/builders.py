@@ -98,13 +98,26 @@ def build_callbacks(cfg: DictConfig, settings: RunSettings) -> list[L.Callback]:
     return callbacks
 
 
-def wandb_group_and_name(cfg: DictConfig) -> tuple[str, str]:
-    """Group runs by experiment, and by sweep in a multirun; name sweep runs by their overrides."""
-    if HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN:
-        hydra = HydraConfig.get()
-        group = f"{cfg.experiment_name}/{Path(hydra.sweep.dir).name}"
-        return group, f"{hydra.job.num}:{hydra.job.override_dirname or 'defaults'}"
-    return cfg.experiment_name, cfg.experiment_name
+WANDB_JOB_TYPE_LENGTH = 64  # W&B refuses longer job types
+
+
+def wandb_identity(cfg: DictConfig) -> dict[str, str]:
+    """Group, job type and name of a run's W&B run.
+
+    A multirun (a study, any sweep) is one group, and its arms are job types: a study's
+    ``study.arm``, or else the job's overrides less the seed, so the W&B UI shows the seeds
+    of one arm together. A single run is grouped by its experiment.
+    """
+    if not (HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN):
+        return {"group": cfg.experiment_name, "name": cfg.experiment_name, "job_type": "train"}
+    hydra = HydraConfig.get()
+    task = [o for o in hydra.overrides.task if not o.startswith(("seed=", "study.arm="))]
+    arm = OmegaConf.select(cfg, "study.arm") or " ".join(task) or "defaults"
+    return {
+        "group": f"{cfg.experiment_name}/{Path(hydra.sweep.dir).name}",
+        "name": f"{hydra.job.num}:{hydra.job.override_dirname or 'defaults'}",
+        "job_type": str(arm)[:WANDB_JOB_TYPE_LENGTH],
+    }
 
 
 def wandb_tags(cfg: DictConfig) -> list[str]:
@@ -120,10 +133,9 @@ def wandb_tags(cfg: DictConfig) -> list[str]:
 def build_logger(cfg: DictConfig, node: DictConfig) -> Logger:
     """One logger; a W&B logger without explicit group / name / tags gets them from the run."""
     if node.get("_target_", "").endswith("WandbLogger"):
-        group, name = wandb_group_and_name(cfg)
-        logger = instantiate(
-            node, group=node.get("group") or group, name=node.get("name") or name, tags=node.get("tags") or wandb_tags(cfg)
-        )
+        identity = wandb_identity(cfg)
+        chosen = {key: node.get(key) or value for key, value in identity.items()}
+        logger = instantiate(node, **chosen, tags=node.get("tags") or wandb_tags(cfg))
         # Lightning passes W&B an `anonymous` setting that W&B ignores, and W&B warns about
         # it on every run: leave it out of the arguments W&B is started with.
         logger._wandb_init.pop("anonymous", None)

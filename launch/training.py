@@ -5,6 +5,7 @@ the data libraries and the loggers (several seconds of imports).
 """
 
 import logging
+from dataclasses import dataclass
 
 import lightning as L
 from lightning.pytorch.utilities.exceptions import SIGTERMException
@@ -27,8 +28,16 @@ from lightning_modules.parallelism import check_kernels_available
 log = logging.getLogger(__name__)
 
 
-def train(cfg: DictConfig, settings: RunSettings) -> dict[str, float]:
-    """Run one training job; returns the final metrics (used by sweeps)."""
+@dataclass(frozen=True)
+class RunResult:
+    """The final metrics of a run, and whether it reached its end (not stopped by SIGTERM or Ctrl-C)."""
+
+    metrics: dict[str, float]
+    finished: bool
+
+
+def train(cfg: DictConfig, settings: RunSettings) -> RunResult:
+    """Run one training job; returns its final metrics (used by sweeps)."""
     quiet_console()
     world = processes(cfg.trainer)
     if settings.run.world_size != world:
@@ -41,9 +50,11 @@ def train(cfg: DictConfig, settings: RunSettings) -> dict[str, float]:
         check_resume(cfg.ckpt_path, module.model_config, datamodule.seq_len, settings.run.sequential_replicas)
     loggers = build_loggers(cfg)
     trainer = build_trainer(cfg, settings, loggers, build_callbacks(cfg, settings))
+    stopped = False
     try:
         trainer.fit(module, datamodule=datamodule, ckpt_path=cfg.get("ckpt_path"))
     except SIGTERMException:
+        stopped = True
         log.info("stopped by SIGTERM after saving a checkpoint")
     finally:
         close_loggers(loggers)
@@ -54,4 +65,4 @@ def train(cfg: DictConfig, settings: RunSettings) -> dict[str, float]:
             "finished at step %d after %s tokens: val/loss %.4f (nats per token); outputs in %s",
             clock.steps, f"{clock.tokens:,}", metrics["val/loss"], trainer.default_root_dir,
         )  # fmt: skip
-    return metrics
+    return RunResult(metrics, finished=not (stopped or trainer.interrupted))

@@ -222,6 +222,10 @@ class LlamaLightningModule(L.LightningModule):
         lr = learning_rate(
             self.optimizer_config.lr, self.lr_schedule, state.schedule_step, state.schedule_tokens, state.token_budget
         )
+        scale = state.lr_scale
+        if scale is not None:
+            lr *= scale
+            state.record_metric("train/lr_scale", scale)
         optimizer = self.optimizers()
         for group in optimizer.param_groups:
             group["lr"] = lr
@@ -337,5 +341,9 @@ class LlamaLightningModule(L.LightningModule):
             state.global_batch.size = configured
 
     def on_train_start(self) -> None:
-        """Put the configured optimizer settings into a (possibly restored) optimizer."""
+        """Put the configured optimizer settings into a (possibly restored) optimizer; a run
+        resumed from a checkpoint taken at its end stops before taking another step."""
         apply_settings(self.training_state.optimizer, self.optimizer_config)
+        if self.training_state.clock.steps and self._ends_training():
+            log.info("the checkpoint is at the end of training (step %d): nothing left to train", self.training_state.clock.steps)
+            self.trainer.should_stop = True

@@ -16,6 +16,8 @@ What it holds:
   ``request_global_batch``;
 - **the training sequence length**: ``set_sequence_cutter`` installs how rows are cut
   (sequence-length warmup does), ``seq_len`` is what the last micro-batch trained on;
+- **the learning rate's batch scaling**: ``set_lr_scaling`` installs a factor on the
+  scheduled learning rate as a function of the global batch (batch techniques do);
 - **the step in progress**: the micro-batch index, the step's loss once it is done,
   whether this is the last step;
 - **metrics**: ``record_metric`` (values may stay on the device: they are read once, on
@@ -38,6 +40,7 @@ from lightning_modules.parallelism import LayoutConfig
 
 Batch = dict[str, torch.Tensor]
 SequenceCutter = Callable[[Batch], Batch]
+LRScaling = Callable[[int], float]  # global batch -> factor on the scheduled learning rate
 MetricValue = float | int | torch.Tensor
 
 
@@ -98,6 +101,7 @@ class TrainingState:
         self.schedule_tokens = 0
         self.metrics = StepMetrics()
         self._cut: SequenceCutter = keep_rows
+        self._lr_scaling: LRScaling | None = None
 
     # ------------------------------------------------------------------ progress
     @property
@@ -142,6 +146,15 @@ class TrainingState:
     def cut(self, batch: Batch) -> Batch:
         """The training micro-batch as it is trained on."""
         return self._cut(batch)
+
+    def set_lr_scaling(self, scaling: LRScaling) -> None:
+        """Install the factor on the scheduled learning rate as a function of the global batch."""
+        self._lr_scaling = scaling
+
+    @property
+    def lr_scale(self) -> float | None:
+        """The factor for the current global batch, or None when no scaling is installed."""
+        return None if self._lr_scaling is None else self._lr_scaling(self.global_batch.size)
 
     # ------------------------------------------------------------------ metrics
     def record_metric(self, name: str, value: MetricValue) -> None:

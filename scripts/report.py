@@ -1,13 +1,16 @@
-"""Report on finished runs from their local logs: PNG plots and a table of final metrics.
+"""Report on finished runs from their local logs: seeds grouped, plots with bands, verdicts.
 
-    python scripts/report.py outputs/multiruns/<experiment>/<time> --out report/
+    python scripts/report.py outputs/multiruns/<experiment>/<time>             # writes <that folder>/report/
     python scripts/report.py outputs/runs/default/<time> outputs/runs/baseline/<time> --out report/
 
 Each directory is a run folder or a sweep folder (searched for `csv/metrics.csv`, so runs
-need `logger=csv` or `logger=[wandb,csv]`). Writes validation loss, learning rate, global
-batch, sequence length and MFU against tokens seen (one line per run; a metric that no
-run logged is skipped, and said so), and `report.md` with the table, which is also printed.
-No W&B account or network is needed.
+need `logger=csv` or `'logger=[wandb,csv]'`). Runs that differ only in `seed` form a group
+(a study's arm); the printed table gives each group's mean ± standard deviation over seeds
+of the final validation loss, optimizer steps, tokens and training wall time, and a study
+preset's claims get a verdict each: holds, fails, or inconclusive (the effect is within the
+seed spread). The output folder gets `report.md` (these tables and one row per run) and
+PNGs: each group's mean curve with a min-max band against tokens, optimizer steps and wall
+time. No W&B account or network is needed.
 """
 
 import argparse
@@ -16,28 +19,34 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 
-from analysis.report import final_table, run_labels, write_report
-from analysis.runs import find_runs
+from analysis.report import study_report, write_report
+from launch.cli import exit_code
+from launch.errors import UserError
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("dirs", nargs="+", type=Path, help="run folders or sweep folders")
-    parser.add_argument("--out", type=Path, required=True, help="folder for the PNGs and report.md")
+    parser.add_argument("--out", type=Path, help="folder for the PNGs and report.md (default: FIRST_DIR/report)")
     return parser.parse_args(argv)
 
 
-def main(argv: list[str] | None = None) -> None:
-    args = parse_args(argv)
+def report(args: argparse.Namespace) -> None:
     try:
-        runs = find_runs(args.dirs)
+        result = study_report(args.dirs)
     except FileNotFoundError as error:
-        raise SystemExit(str(error)) from error
-    for message in write_report(runs, args.out):
+        raise UserError(str(error)) from error
+    out = args.out or args.dirs[0] / "report"
+    skipped = write_report(result, out)
+    print(result.markdown(), flush=True)
+    for message in skipped:
         print(f"skipped {message}", file=sys.stderr)
-    print(final_table(runs, run_labels(runs)))
-    print(f"\nwrote {args.out / 'report.md'} ({len(runs)} runs)", file=sys.stderr)
+    print(f"\nwrote {out / 'report.md'} ({len(result.runs)} runs in {len(result.groups)} groups)", file=sys.stderr)
+
+
+def main(argv: list[str] | None = None) -> int:
+    return exit_code(lambda: report(parse_args(argv)))
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -145,12 +145,21 @@ def batch_sizes(run_dir: Path) -> dict[int, float]:
     return {int(r["step"]): float(r["train/global_batch_size"]) for r in rows}
 
 
+def learning_rates(run_dir: Path) -> dict[int, float]:
+    with open(run_dir / "csv" / "metrics.csv") as file:
+        return {int(r["step"]): float(r["train/lr"]) for r in csv.DictReader(file) if r.get("train/lr")}
+
+
 def test_resume_mid_schedule_continues_exactly(tmp_path, tmp_path_factory):
-    """Stopped after the first test asked for a larger batch: the same batch sizes and weights."""
+    """Stopped after the first test asked for a larger batch: the same batch sizes, learning
+    rates (scaled by sqrt(B / 8), the starting batch) and weights."""
     cache = tmp_path_factory.getbasetemp() / "cache"
     growing = TINY + [
         "+experiment=adaptive_bs",
         "technique.adaptive_batch.eta=0.3",
+        "technique.adaptive_batch.lr_scaling=sqrt",
+        "lr_schedule.name=constant",
+        "lr_schedule.warmup_steps=0",
         "batch.max_global_batch_size=40",
         "trainer.max_steps=6",
         "callbacks.model_checkpoint.every_n_train_steps=1",
@@ -160,10 +169,13 @@ def test_resume_mid_schedule_continues_exactly(tmp_path, tmp_path_factory):
     assert full.returncode == 0, full.stderr[-3000:]
     sizes = batch_sizes(tmp_path / "full")
     assert sizes[1] == 8 and sizes[2] > 8, sizes  # step 1's test asked for more, applied from step 2
+    rates = learning_rates(tmp_path / "full")
+    assert rates == pytest.approx({step: 4e-3 * (size / 8) ** 0.5 for step, size in sizes.items()}, rel=1e-12)
 
     resumed = run_train(growing + [f"ckpt_path={tmp_path / 'full/checkpoints/step000001.ckpt'}"], tmp_path / "resumed", cache)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert batch_sizes(tmp_path / "resumed") == {step: size for step, size in sizes.items() if step > 1}
+    assert learning_rates(tmp_path / "resumed") == {step: rate for step, rate in rates.items() if step > 1}
     expected = checkpoint_weights(tmp_path / "full/checkpoints/last.ckpt")
     for name, value in checkpoint_weights(tmp_path / "resumed/checkpoints/last.ckpt").items():
         assert torch.equal(value, expected[name]), name

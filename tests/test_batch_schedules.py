@@ -2,12 +2,14 @@
 
 import pytest
 
+from analysis.runs import load_run
 from callbacks.batch_size.adaptive import AdaptiveBatchSize
+from callbacks.batch_size.lr_scaling import lr_scaling_for
 from callbacks.batch_size.noise_tests import SampleSums, noise_scale, required_batch
 from launch.errors import ConfigError
 from launch.run_settings import check_config
 from lightning_modules.clock import TrainingClock
-from tests.run_helpers import TINY, compose_config, training_state
+from tests.run_helpers import TINY, compose_config, run_train, training_state
 
 # n = 4 samples of b_s = 2: tr(Sigma) = 2 * (7 - 4 * 1) / 3 = 2 and ||g||^2 = 1, so the
 # noise scale is 2 and the norm test at eta = 0.1 asks for 2 / 0.01 = 200 sequences.
@@ -33,7 +35,7 @@ def adaptive(tmp_path, eta: float, cap: int | None = None) -> AdaptiveBatchSize:
     settings = settings_of(
         "adaptive_batch", tmp_path, [f"technique.adaptive_batch.eta={eta}", f"technique.adaptive_batch.max_global_batch_size={cap_setting}"]
     )
-    return AdaptiveBatchSize(settings, sample_kind="micro_batch")
+    return AdaptiveBatchSize(settings, sample_kind="micro_batch", lr_scaling=None)
 
 
 def decide(callback: AdaptiveBatchSize, state, sums: SampleSums) -> tuple[float, float]:
@@ -99,6 +101,28 @@ def test_stagewise_warmup_splits_the_token_budget_evenly(tmp_path):
         assert warmup.size_at(TrainingClock(tokens=tokens), settings.run) == size, tokens
 
 
+@pytest.mark.parametrize(("rule", "power"), [("none", 0.0), ("sqrt", 0.5), ("linear", 1.0)])
+def test_lr_scaling_follows_the_batch_from_its_starting_size(rule, power):
+    scaling = lr_scaling_for(rule, reference=16)
+    for size in (16, 32, 48, 128):
+        factor = 1.0 if scaling is None else scaling(size)
+        assert factor == pytest.approx((size / 16) ** power, rel=1e-15)
+
+
+def test_a_warmup_run_logs_the_linearly_scaled_learning_rate(tmp_path, tmp_path_factory):
+    """Stages 8 -> 16 -> 32 at a constant schedule: the logged LR is the peak times B / 8."""
+    overrides = TINY + ["+technique=batch_warmup", "technique.batch_warmup.stage_sizes=[8,16,32]",
+                        "technique.batch_warmup.lr_scaling=linear", "token_budget=6000", "lr_schedule.name=constant",
+                        "lr_schedule.warmup_steps=0", "batch.max_global_batch_size=32", "logger=csv"]  # fmt: skip
+    result = run_train(overrides, tmp_path / "run", tmp_path_factory.getbasetemp() / "cache")
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = [row for row in load_run(tmp_path / "run").rows if "train/lr" in row]
+    assert {row["train/global_batch_size"] for row in rows} == {8, 16, 32}
+    for row in rows:
+        assert row["train/lr"] == pytest.approx(4e-3 * row["train/global_batch_size"] / 8, rel=1e-12)
+        assert row["train/lr_scale"] == row["train/global_batch_size"] / 8
+
+
 def test_linear_rampup_follows_megatron(tmp_path):
     """16 -> 128 by 16: 7 increments over 4800 samples, one every 685.71 samples."""
     cfg = compose_config(TINY + ["+technique=batch_rampup", "batch.global_batch_size=128", "batch.micro_batch_size=8"], tmp_path)
@@ -128,6 +152,7 @@ def test_linear_rampup_follows_megatron(tmp_path):
         (["+technique=adaptive_batch", "batch.global_batch_size=2"], "needs >= 2 samples"),
         (["+technique=adaptive_batch", "technique.adaptive_batch.min_global_batch_size=9"], "min_global_batch_size=9 must be a multiple"),
         (["+technique=adaptive_batch", "technique.adaptive_batch.eta=abc"], "technique.adaptive_batch.eta='abc' must be a number"),
+        (["+technique=batch_warmup", "technique.batch_warmup.lr_scaling=cubic"], "lr_scaling='cubic' is unknown"),
     ],
 )
 def test_impossible_settings_are_config_errors_naming_the_key(overrides, message, tmp_path):

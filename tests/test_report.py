@@ -1,13 +1,15 @@
 """The report command on a real multirun sweep of the tiny model, and on hand-made runs."""
 
 import csv
+import statistics
 import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
-from analysis.report import PLOTS, write_report
+from analysis.report import PLOTS, band, build_report, write_report
 from analysis.runs import find_runs, load_run
 from tests.run_helpers import REPO, TINY, run_train
 
@@ -22,8 +24,11 @@ def last_logged(metrics: Path, key: str) -> float:
 
 
 def table_rows(markdown: str) -> dict[str, list[str]]:
-    """Run label -> cells, for the data rows of the first markdown table."""
-    rows = [line.strip("|").split(" | ") for line in markdown.splitlines() if line.startswith("| ")]
+    """Row label -> cells, for the data rows of the first markdown table."""
+    lines = markdown.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("| "))
+    end = next((i for i in range(start, len(lines)) if not lines[i].startswith("|")), len(lines))
+    rows = [line.strip("|").split(" | ") for line in lines[start:end] if line.startswith("| ")]
     return {cells[0].strip(): [cell.strip() for cell in cells[1:]] for cells in rows[1:]}
 
 
@@ -38,19 +43,23 @@ def sweep(tmp_path_factory) -> Path:
     return tmp / "sweep"
 
 
-def test_report_on_a_sweep_plots_every_metric_and_tables_final_losses(sweep: Path, tmp_path: Path) -> None:
+def test_report_on_a_sweep_groups_the_seeds_and_plots_every_metric(sweep: Path, tmp_path: Path) -> None:
     out = tmp_path / "report"
     result = subprocess.run([sys.executable, str(REPO / "scripts" / "report.py"), str(sweep), "--out", str(out)],
                             capture_output=True, text=True, cwd=REPO)  # fmt: skip
     assert result.returncode == 0, result.stderr
     for plot in PLOTS:
         assert (out / plot.file).read_bytes().startswith(b"\x89PNG"), plot.file
-    rows = table_rows((out / "report.md").read_text())
-    assert set(rows) == {"seed=1", "seed=2"}
-    for job, label in (("0", "seed=1"), ("1", "seed=2")):
-        expected = last_logged(sweep / job / "csv" / "metrics.csv", "val/loss")
-        assert float(rows[label][0]) == pytest.approx(expected, abs=5e-5)
-    assert table_rows(result.stdout) == rows
+    groups = table_rows(result.stdout)
+    assert len(groups) == 1  # the two jobs differ only in their seed
+    (cells,) = groups.values()
+    assert cells[0] == "2 (1, 2)"
+    losses = [last_logged(sweep / job / "csv" / "metrics.csv", "val/loss") for job in ("0", "1")]
+    mean, std = (float(part) for part in cells[1].split(" ± "))
+    assert (mean, std) == pytest.approx((statistics.fmean(losses), statistics.stdev(losses)), abs=5e-5)
+    assert cells[2] == "4 ± 0" and cells[3] == "1,024 ± 0"  # optimizer steps, tokens
+    assert float(cells[4].split(" ± ")[0]) > 0  # training wall time
+    assert table_rows((out / "report.md").read_text()) == groups
 
 
 def test_runs_read_the_csv_logs_and_the_hydra_overrides(sweep: Path) -> None:
@@ -75,18 +84,41 @@ def write_run(folder: Path, header: str, rows: list[str], overrides: list[str]) 
 
 
 def test_a_metric_no_run_logged_is_skipped_and_jobs_sort_numerically(tmp_path: Path) -> None:
-    header = "train/tokens_seen,train/loss,val/loss"
+    header = "step,train/tokens_seen,train/loss,val/loss"
     for job in (10, 2):
-        write_run(tmp_path / "sweep" / str(job), header, ["100,5.0,", f"200,4.0,{job}.5"], ["x=1", f"job={job}"])
+        write_run(tmp_path / "sweep" / str(job), header, ["1,100,5.0,", f"2,200,4.0,{job}.5"], ["x=1", f"job={job}"])
     runs = find_runs([tmp_path / "sweep", tmp_path / "sweep" / "2"])
     assert [run.path.name for run in runs] == ["2", "10"]
     assert runs[0].series("val/loss") == ([200.0], [2.5]) and runs[0].name == "x=1 job=2"
-    skipped = write_report(runs, tmp_path / "out")
-    assert (tmp_path / "out" / "val_loss.png").exists()
-    missing = [plot for plot in PLOTS if plot.key != "val/loss"]
-    assert [message.split(":")[0] for message in skipped] == [plot.key for plot in missing]
-    assert not any((tmp_path / "out" / plot.file).exists() for plot in missing)
+    report = build_report(runs)
+    assert [group.name for group in report.groups] == ["job=2", "job=10"]
+    skipped = write_report(report, tmp_path / "out")
+    assert (tmp_path / "out" / "val_loss.png").exists() and (tmp_path / "out" / "val_loss_vs_steps.png").exists()
+    missing = [plot for plot in PLOTS if plot.key != "val/loss" or plot.x == "time/train_seconds"]
+    assert [message.split(" against ")[0] for message in skipped] == [plot.key for plot in missing]
     assert set(table_rows((tmp_path / "out" / "report.md").read_text())) == {"job=2", "job=10"}
+
+
+def test_the_rows_a_resumed_run_logged_again_are_replaced_by_the_new_ones(tmp_path: Path) -> None:
+    """Logged to step 4, resumed from step 2: steps 3 and 4 were logged twice, the later rows count."""
+    rows = ["1,1.0,", "2,2.0,", "2,,9.0", "3,3.0,", "4,4.0,", "3,3.5,", "4,4.5,", "4,,8.0", "5,5.0,"]
+    write_run(tmp_path / "run", "step,train/loss,val/loss", rows, [])
+    run = load_run(tmp_path / "run")
+    assert [(row["step"], row.get("train/loss"), row.get("val/loss")) for row in run.rows] == [
+        (1, 1.0, None), (2, 2.0, None), (2, None, 9.0), (3, 3.5, None), (4, 4.5, None), (4, None, 8.0), (5, 5.0, None)
+    ]  # fmt: skip
+
+
+def test_band_interpolates_seeds_onto_the_x_values_they_share() -> None:
+    first = (np.array([0.0, 10.0, 20.0]), np.array([3.0, 2.0, 1.0]))
+    second = (np.array([0.0, 5.0, 15.0]), np.array([4.0, 3.0, 2.0]))  # ends at 15
+    grid, mean, low, high = band([first, second])
+    assert grid.tolist() == [0.0, 5.0, 10.0, 15.0]
+    second_on_grid = [4.0, 3.0, 2.5, 2.0]  # 10 lies halfway between 5 and 15
+    first_on_grid = [3.0, 2.5, 2.0, 1.5]
+    assert mean.tolist() == pytest.approx([(a + b) / 2 for a, b in zip(first_on_grid, second_on_grid)])
+    assert low.tolist() == pytest.approx(list(map(min, first_on_grid, second_on_grid)))
+    assert high.tolist() == pytest.approx(list(map(max, first_on_grid, second_on_grid)))
 
 
 def test_missing_runs_are_an_error_that_names_the_folder(tmp_path: Path) -> None:

@@ -15,6 +15,8 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import IntervalSweep, Override
 from omegaconf import DictConfig, OmegaConf
 
+from analysis.study import StudySpec
+from hydra_plugins.study_sweeper.study_sweeper import study_jobs
 from launch.run_settings import check_config
 from lightning_modules.llama import default_mlp_hidden
 from tests.run_helpers import REPO, TINY, run_train
@@ -52,18 +54,28 @@ def assert_applied(cfg: DictConfig, job: list[str]) -> None:
             assert OmegaConf.select(cfg, key) == override.value(), override.input_line
 
 
+def preset_jobs(preset: str) -> list[list[str]]:
+    """The jobs of a preset: its swept parameters and, for a study, crossed with arms and seeds."""
+    cfg = compose_train([f"+sweep={preset}"])
+    params = OmegaConf.to_container(cfg.hydra.sweeper.params) if cfg.hydra.sweeper.params else {}
+    base = jobs(params) if params else [[]]
+    if "study" not in cfg:
+        assert params, f"conf/sweep/{preset}.yaml sets neither hydra.sweeper.params nor a study"
+        return base
+    assert cfg.hydra.sweeper._target_.endswith("StudySweeper")
+    return study_jobs(StudySpec.from_config(OmegaConf.to_container(cfg.study)), base)
+
+
 @pytest.mark.parametrize("preset", PRESETS)
 def test_every_job_of_the_preset_composes_and_passes_the_config_checks(preset: str) -> None:
-    params = compose_train([f"+sweep={preset}"]).hydra.sweeper.params
-    assert params, f"conf/sweep/{preset}.yaml sets no hydra.sweeper.params"
-    for job in jobs(OmegaConf.to_container(params)):
+    for job in preset_jobs(preset):
         cfg = compose_train([f"+sweep={preset}", *job])
         assert_applied(cfg, job)
         check_config(cfg)
 
 
 def test_presets_cover_the_research_questions() -> None:
-    assert {"seqlen_lr", "layout", "model_ladder", "tiny_ladder", "optuna_lr"} <= set(PRESETS)
+    assert {"batch_schedules", "seqlen_lr", "diloco_recipe", "layout", "model_ladder", "tiny_ladder", "optuna_lr"} <= set(PRESETS)
     assert compose_train(["+sweep=optuna_lr"]).hydra.sweeper._target_.endswith("OptunaSweeper")
 
 
@@ -79,12 +91,14 @@ def sweep_jobs(tmp_path: Path, cache: Path, overrides: list[str]) -> list[dict]:
 
 
 def test_seqlen_lr_runs_and_a_command_line_value_replaces_the_presets_list(tmp_path: Path, tmp_path_factory) -> None:
-    """`+sweep=seqlen_lr optimizer.lr=4e-3`: both experiments, at that LR only (2 jobs, not 8)."""
-    overrides = ["+sweep=seqlen_lr", *TINY, "logger=csv", "optimizer.lr=4e-3"]
+    """`+sweep=seqlen_lr optimizer.lr=4e-3 'study.seeds=[1]'`: both arms, at that LR and seed only (2 jobs, not 24)."""
+    overrides = ["+sweep=seqlen_lr", *TINY, "batch.global_batch_size=8", "batch.micro_batch_size=2",
+                 "optimizer.lr=4e-3", "study.seeds=[1]"]  # fmt: skip
     configs = sweep_jobs(tmp_path, tmp_path_factory.getbasetemp() / "cache", overrides)
     assert [config["optimizer"]["lr"] for config in configs] == [4e-3, 4e-3]
+    assert [config["study"]["arm"] for config in configs] == ["baseline", "seqlen_warmup"]
     assert ["seq_len_warmup" in config.get("technique", {}) for config in configs] == [False, True]
-    assert {config["experiment_name"] for config in configs} == {"sweep_seqlen_lr"}
+    assert {config["experiment_name"] for config in configs} == {"study_seqlen_lr"}
 
 
 def test_a_preset_with_the_slurm_launcher_composes() -> None:

@@ -7,7 +7,7 @@ import sys
 import pytest
 import torch
 
-from launch.builders import build_module, wandb_tags
+from launch.builders import build_module, wandb_identity, wandb_tags
 from launch.errors import ConfigError
 from launch.run_settings import check_config
 from lightning_modules.hf_interop import load_lightning_checkpoint
@@ -95,3 +95,28 @@ def test_trained_checkpoint_exports_to_hf_and_seeds_a_new_run(tmp_path):
 def test_wandb_tags_name_the_experiment_model_and_techniques(tmp_path):
     cfg = compose_config(["+experiment=adaptive_bs", "model=diloco_35m"], tmp_path)
     assert wandb_tags(cfg) == ["adaptive_bs", "model:diloco_35m", "strategy:single_device", "technique:adaptive_batch"]
+
+
+def test_wandb_groups_a_study_and_takes_the_arm_as_job_type(tmp_path):
+    """In a multirun the sweep is the W&B group and the arm (or the overrides less the seed)
+    the job type, so the seeds of one arm show together."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.hydra_config import HydraConfig
+
+    from tests.run_helpers import REPO
+
+    def identity(overrides: list[str]) -> dict[str, str]:
+        with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+            cfg = compose("train", overrides=overrides, return_hydra_config=True)
+        cfg.hydra.mode, cfg.hydra.job.num = "MULTIRUN", 3
+        cfg.hydra.sweep.dir, cfg.hydra.overrides.task = str(tmp_path / "2026-01-01_00-00-00"), overrides
+        HydraConfig.instance().set_config(cfg)
+        try:
+            return wandb_identity(cfg)
+        finally:
+            HydraConfig.instance().cfg = None
+
+    study = identity(["+sweep=batch_schedules", "batch.global_batch_size=64", "study.arm=constant_64", "seed=2"])
+    assert study["group"] == "study_batch_schedules/2026-01-01_00-00-00" and study["job_type"] == "constant_64"
+    plain = identity(["optimizer.lr=1e-3", "seed=2"])
+    assert plain["job_type"] == "optimizer.lr=1e-3" and plain["group"] == "default/2026-01-01_00-00-00"

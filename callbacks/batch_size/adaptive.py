@@ -29,6 +29,7 @@ import torch
 import torch.distributed as dist
 
 from callbacks.batch_size.adaptive_settings import AdaptiveBatchSettings
+from callbacks.batch_size.lr_scaling import LRScaling
 from callbacks.batch_size.gradient_samples import MicroStepSamples, RankSamples
 from callbacks.batch_size.noise_tests import (
     SampleSums,
@@ -46,8 +47,8 @@ from lightning_modules.training_state import TrainingState
 class AdaptiveBatchSize(StepCallback):
     """Runs the configured test and asks for the batch it wants (settings: ``AdaptiveBatchSettings``)."""
 
-    def __init__(self, settings: AdaptiveBatchSettings, sample_kind: str) -> None:
-        self.settings, self.sample_kind = settings, sample_kind
+    def __init__(self, settings: AdaptiveBatchSettings, sample_kind: str, lr_scaling: LRScaling | None) -> None:
+        self.settings, self.sample_kind, self.lr_scaling = settings, sample_kind, lr_scaling
         self.tests_done = 0
         self.last: dict[str, float] = {}
         self._micro: MicroStepSamples | None = None
@@ -57,6 +58,8 @@ class AdaptiveBatchSize(StepCallback):
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         state: TrainingState = pl_module.training_state
+        if self.lr_scaling is not None:
+            state.set_lr_scaling(self.lr_scaling)
         keep = self.settings.test != "norm"
         if self.sample_kind == "rank":
             self._ranks = RankSamples(trainer.strategy.model, keep, state.device)

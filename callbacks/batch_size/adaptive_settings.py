@@ -7,6 +7,7 @@ process start.
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
+from callbacks.batch_size.lr_scaling import LRScaling, check_lr_scaling, lr_scaling_for
 from callbacks.batch_size.noise_tests import TESTS
 from callbacks.technique import RunContext, TechniqueSettings
 from launch.errors import ConfigError
@@ -29,6 +30,8 @@ class AdaptiveBatchSettings(TechniqueSettings):
         ``batch.max_global_batch_size``).
     samples: ``micro_batch``, ``rank`` or ``auto`` (ranks under DDP, else micro-batches);
         see ``gradient_samples.py``.
+    lr_scaling: ``none``, ``sqrt`` or ``linear``: the learning rate follows the batch's
+        growth from its starting size (``lr_scaling.py``).
     """
 
     key: ClassVar[str] = "technique.adaptive_batch"
@@ -42,8 +45,10 @@ class AdaptiveBatchSettings(TechniqueSettings):
     min_global_batch_size: int | None
     max_global_batch_size: int | None
     samples: str
+    lr_scaling: str
 
     def __post_init__(self) -> None:
+        check_lr_scaling(self.key, self.lr_scaling)
         if self.test not in TESTS:
             raise ConfigError(f"{self.key}.test={self.test!r} is unknown; choose one of {TESTS}.")
         if self.samples not in SAMPLES:
@@ -101,7 +106,10 @@ class AdaptiveBatchSettings(TechniqueSettings):
                 f" batch.{key}={max(1, batch.micro_batch_size // 2)}."
             )
 
+    def lr_rule(self, run: RunContext) -> LRScaling | None:
+        return lr_scaling_for(self.lr_scaling, self.min_global_batch_size or run.batch.global_batch_size)
+
     def build(self, run: RunContext) -> "AdaptiveBatchSize":
         from callbacks.batch_size.adaptive import AdaptiveBatchSize
 
-        return AdaptiveBatchSize(self, self.sample_kind(run.strategy))
+        return AdaptiveBatchSize(self, self.sample_kind(run.strategy), self.lr_rule(run))

@@ -1,5 +1,7 @@
 """The callback that applies a batch schedule (``schedules.py``) before every global step."""
 
+import lightning as L
+
 from callbacks.batch_size.schedules import BatchSchedule
 from callbacks.step_callback import StepCallback
 from callbacks.technique import RunContext
@@ -11,6 +13,11 @@ class BatchScheduleCallback(StepCallback):
 
     def __init__(self, schedule: BatchSchedule, run: RunContext) -> None:
         self.schedule, self.run = schedule, run
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        rule = self.schedule.lr_rule(self.run)
+        if rule is not None:
+            pl_module.training_state.set_lr_scaling(rule)
 
     def on_step_start(self, state: TrainingState) -> None:
         if state.at_global_step_start:

@@ -18,6 +18,7 @@ from abc import abstractmethod
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
+from callbacks.batch_size.lr_scaling import LRScaling, check_lr_scaling, lr_scaling_for
 from callbacks.technique import RunContext, TechniqueSettings
 from launch.errors import ConfigError
 from lightning_modules.clock import TrainingClock
@@ -39,6 +40,10 @@ class BatchSchedule(TechniqueSettings):
     @abstractmethod
     def sizes(self, run: RunContext) -> dict[str, int]:
         """Every size the schedule can ask for, by setting name."""
+
+    def lr_rule(self, run: RunContext) -> LRScaling | None:
+        """How the learning rate follows the batch (None: it does not)."""
+        return None
 
     def check(self, run: RunContext) -> None:
         batch = run.global_batch()
@@ -85,8 +90,10 @@ class StagewiseBatchWarmup(BatchSchedule):
     key: ClassVar[str] = "technique.batch_warmup"
     stage_sizes: list[int]
     stage_tokens: int | None
+    lr_scaling: str
 
     def __post_init__(self) -> None:
+        check_lr_scaling(self.key, self.lr_scaling)
         if not self.stage_sizes or any(size < 1 for size in self.stage_sizes):
             raise ConfigError(f"{self.key}.stage_sizes={self.stage_sizes} must be a non-empty list of positive sizes.")
         if self.stage_tokens is not None and self.stage_tokens < 1:
@@ -107,6 +114,9 @@ class StagewiseBatchWarmup(BatchSchedule):
     def sizes(self, run: RunContext) -> dict[str, int]:
         return {f"stage_sizes[{i}]": size for i, size in enumerate(self.stage_sizes)}
 
+    def lr_rule(self, run: RunContext) -> LRScaling | None:
+        return lr_scaling_for(self.lr_scaling, self.stage_sizes[0])
+
 
 @dataclass(kw_only=True)
 class LinearBatchRampup(BatchSchedule):
@@ -120,8 +130,10 @@ class LinearBatchRampup(BatchSchedule):
     increment: int
     ramp_samples: int
     target: int | None
+    lr_scaling: str
 
     def __post_init__(self) -> None:
+        check_lr_scaling(self.key, self.lr_scaling)
         if self.start < 1 or self.increment < 1 or self.ramp_samples < 1:
             raise ConfigError(f"{self.key}: start, increment and ramp_samples must be >= 1.")
 
@@ -147,3 +159,6 @@ class LinearBatchRampup(BatchSchedule):
 
     def sizes(self, run: RunContext) -> dict[str, int]:
         return {"start": self.start, "increment": self.increment, "target": self.final_size(run)}
+
+    def lr_rule(self, run: RunContext) -> LRScaling | None:
+        return lr_scaling_for(self.lr_scaling, self.start)

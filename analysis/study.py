@@ -1,0 +1,263 @@
+"""Studies: arms x seeds, grouped results with their seed spread, and verdicts on claims.
+
+A study preset (``conf/sweep/NAME.yaml``) declares, under ``study``:
+
+- ``arms``: named lists of overrides (``constant_16: [+technique=constant_batch, ...]``);
+- ``seeds``: the seeds every arm runs with;
+- ``columns`` (optional): extra report columns, a final value or ``max(KEY)`` / ``min(KEY)``
+  over the run (``max(stability/loss_spike_ratio)``);
+- ``claims``: what the study tests, each comparing one arm with a baseline arm on the
+  final value of a metric, e.g. "``adaptive`` ends within 0.01 nats of ``constant_16``
+  with at most 0.7 of its optimizer steps"::
+
+      claims:
+        - claim: adaptive matches constant_16 with >= 30% fewer steps
+          arm: adaptive
+          baseline: constant_16
+          expect:
+            val/loss: {difference_at_most: 0.01}
+            steps: {ratio_at_most: 0.7}
+
+A claim may instead place an arm against a front of other arms (``front: [constant_16,
+constant_32, ...]``, with ``x: steps`` and ``y: val/loss``): the arm is below the front
+(holds) when it ends lower on ``y`` than every front arm that needed no more ``x``; it is
+dominated (fails) when one of those ends lower than it; otherwise it lies on the front
+within the seed spread (inconclusive).
+
+The study sweeper (``hydra_plugins/study_sweeper``) turns arms x seeds into jobs; the
+report groups finished runs by arm (or, in any other sweep, by their overrides less the
+seed) and judges each claim here.
+
+A condition is judged on the 95% confidence interval of the measured difference
+(``mean(arm) - mean(baseline)``) or ratio (``mean(arm) / mean(baseline)``): it **holds**
+when the whole interval satisfies it, **fails** when none of it does, and is
+**inconclusive** when the interval straddles the threshold, that is when the effect is
+within the seed spread. The interval is Student's t with ``min(n_arm, n_baseline) - 1``
+degrees of freedom (a conservative choice for unequal variances) around the standard
+error ``sqrt(s_a^2 / n_a + s_b^2 / n_b)``; for ratios the standard error comes from the
+delta method. With a single seed in either arm there is no spread to judge against, and
+every condition is inconclusive.
+"""
+
+import math
+import statistics
+from dataclasses import dataclass, field
+from typing import Any
+
+from launch.errors import ConfigError
+
+#: Two-sided 95% quantiles of Student's t by degrees of freedom (beyond 30: the normal's).
+T_95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262,
+        10: 2.228, 12: 2.179, 15: 2.131, 20: 2.086, 25: 2.060, 30: 2.042}  # fmt: skip
+
+CONDITIONS = ("difference_at_most", "difference_at_least", "ratio_at_most", "ratio_at_least")
+
+
+def t_quantile(df: int) -> float:
+    """The two-sided 95% quantile of Student's t with ``df`` degrees of freedom (table values,
+    the next smaller tabled df in between, so the interval is never too narrow)."""
+    if df > 30:
+        return 1.96
+    return T_95[max(d for d in T_95 if d <= df)]
+
+
+@dataclass(frozen=True)
+class Claim:
+    """A claim of the study: ``arm`` against ``baseline``, one condition per metric; or,
+    with ``front``, ``arm`` against the front of those arms in the (``x``, ``y``) plane."""
+
+    claim: str
+    arm: str
+    baseline: str | None = None
+    expect: dict[str, dict[str, float]] = field(default_factory=dict)
+    front: list[str] = field(default_factory=list)
+    x: str = "steps"
+    y: str = "val/loss"
+
+    @property
+    def arms(self) -> list[str]:
+        return [self.arm, *([self.baseline] if self.baseline else []), *self.front]
+
+    @property
+    def metrics(self) -> list[str]:
+        return [self.x, self.y] if self.front else list(self.expect)
+
+
+@dataclass(frozen=True)
+class StudySpec:
+    """The ``study`` block of a preset."""
+
+    arms: dict[str, list[str]]
+    seeds: list[int]
+    claims: list[Claim] = field(default_factory=list)
+    #: Extra report columns: final values or ``max(KEY)`` / ``min(KEY)`` over a run.
+    columns: list[str] = field(default_factory=list)
+
+    @classmethod
+    def from_config(cls, node: Any) -> "StudySpec":
+        """Check and convert a ``study`` block (a plain dict); mistakes name the key and the fix."""
+        node = dict(node or {})
+        arms, seeds = node.get("arms"), node.get("seeds")
+        if not isinstance(arms, dict) or not arms:
+            raise ConfigError("study.arms must map each arm's name to its list of overrides, e.g. {small: [batch.global_batch_size=16]}.")
+        for name, overrides in arms.items():
+            if not isinstance(overrides, list) or not all(isinstance(o, str) and "=" in o for o in overrides):
+                raise ConfigError(f"study.arms.{name} must be a list of overrides such as 'optimizer.lr=1e-3', got {overrides!r}.")
+        if not isinstance(seeds, list) or not seeds or not all(isinstance(s, int) for s in seeds) or len(set(seeds)) < len(seeds):
+            raise ConfigError(f"study.seeds must be a list of distinct integers, got {seeds!r}.")
+        claims = [_claim(index, entry, arms) for index, entry in enumerate(node.get("claims") or [])]
+        columns = list(node.get("columns") or [])
+        return cls(arms={name: list(o) for name, o in arms.items()}, seeds=list(seeds), claims=claims, columns=columns)
+
+
+def _claim(index: int, entry: Any, arms: dict[str, Any]) -> Claim:
+    key = f"study.claims[{index}]"
+    if not isinstance(entry, dict) or "arm" not in entry or not ({"baseline", "expect"} <= set(entry) or "front" in entry):
+        raise ConfigError(
+            f"{key} needs arm, and baseline with expect (metric: {{condition: value}}) or front (a list of arms), got {entry!r}."
+        )
+    text = entry.get("claim") or f"{entry['arm']} vs {entry.get('baseline') or 'the front'}"
+    if "front" in entry:
+        claim = Claim(claim=text, arm=entry["arm"], front=list(entry["front"] or []), x=entry.get("x", "steps"),
+                      y=entry.get("y", "val/loss"))  # fmt: skip
+        if not claim.front:
+            raise ConfigError(f"{key}.front must list the arms that make the front.")
+    else:
+        expect = entry["expect"]
+        if not isinstance(expect, dict) or not expect:
+            raise ConfigError(f"{key}.expect must map metrics to conditions, e.g. {{val/loss: {{difference_at_most: 0.01}}}}.")
+        for metric, conditions in expect.items():
+            if not isinstance(conditions, dict) or not conditions or not set(conditions) <= set(CONDITIONS):
+                raise ConfigError(f"{key}.expect.{metric}: conditions are {CONDITIONS}, got {conditions!r}.")
+        claim = Claim(claim=text, arm=entry["arm"], baseline=entry["baseline"], expect=dict(expect))
+    for arm in claim.arms:
+        if arm not in arms:
+            raise ConfigError(f"{key} names {arm!r}, which is not an arm; the arms are {sorted(arms)}.")
+    return claim
+
+
+@dataclass(frozen=True)
+class Spread:
+    """A quantity over the seeds of one group."""
+
+    values: tuple[float, ...]
+
+    @property
+    def n(self) -> int:
+        return len(self.values)
+
+    @property
+    def mean(self) -> float:
+        return statistics.fmean(self.values)
+
+    @property
+    def std(self) -> float:
+        """The sample standard deviation (n - 1); 0 for one seed."""
+        return statistics.stdev(self.values) if self.n > 1 else 0.0
+
+    def __str__(self) -> str:
+        return f"{_number(self.mean)} ± {_number(self.std)}"
+
+
+def _number(value: float) -> str:
+    if float(value).is_integer() or abs(value) >= 1000:
+        return f"{value:,.0f}"
+    return f"{value:.4f}" if abs(value) < 10 else f"{value:.1f}"
+
+
+@dataclass(frozen=True)
+class Interval:
+    """A measured difference or ratio with its 95% confidence interval (None: no spread known)."""
+
+    kind: str  # difference | ratio
+    value: float
+    low: float | None
+    high: float | None
+
+    def __str__(self) -> str:
+        sign = "+" if self.kind == "difference" and self.value >= 0 else ""
+        if self.low is None:
+            return f"{sign}{self.value:.4g}"
+        return f"{sign}{self.value:.4g} [{self.low:.4g}, {self.high:.4g}]"
+
+
+def compare(arm: Spread, baseline: Spread, kind: str) -> Interval:
+    """``mean(arm) - mean(baseline)`` or ``mean(arm) / mean(baseline)``, with its 95% interval."""
+    if kind == "difference":
+        value = arm.mean - baseline.mean
+        error = math.sqrt(arm.std**2 / arm.n + baseline.std**2 / baseline.n)
+    else:
+        value = arm.mean / baseline.mean
+        relative = [(s.std / s.mean) ** 2 / s.n if s.mean else math.inf for s in (arm, baseline)]
+        error = abs(value) * math.sqrt(sum(relative))
+    if min(arm.n, baseline.n) < 2:
+        return Interval(kind, value, None, None)
+    half = t_quantile(min(arm.n, baseline.n) - 1) * error
+    return Interval(kind, value, value - half, value + half)
+
+
+def judge(interval: Interval, condition: str, threshold: float) -> str:
+    """holds / fails / inconclusive for one condition on a measured interval."""
+    if interval.low is None:
+        return "inconclusive"
+    at_most = condition.endswith("at_most")
+    if (interval.high <= threshold) if at_most else (interval.low >= threshold):
+        return "holds"
+    if (interval.low > threshold) if at_most else (interval.high < threshold):
+        return "fails"
+    return "inconclusive"
+
+
+def combine(verdicts: list[str]) -> str:
+    """A claim fails if any condition fails, holds if all hold, else it is inconclusive."""
+    if "fails" in verdicts:
+        return "fails"
+    return "holds" if all(v == "holds" for v in verdicts) else "inconclusive"
+
+
+@dataclass(frozen=True)
+class Verdict:
+    claim: Claim
+    measured: list[str]  # one line per condition: metric, interval, condition
+    verdict: str
+
+
+def judge_claim(claim: Claim, groups: dict[str, dict[str, Spread]]) -> Verdict:
+    """Judge a claim on the groups' spreads (arm -> metric -> Spread)."""
+    if claim.front:
+        return judge_front(claim, groups)
+    measured, verdicts = [], []
+    for metric, conditions in claim.expect.items():
+        arm, baseline = groups.get(claim.arm, {}).get(metric), groups.get(claim.baseline, {}).get(metric)
+        for condition, threshold in conditions.items():
+            if arm is None or baseline is None:
+                missing = claim.arm if arm is None else claim.baseline
+                measured.append(f"{metric}: no finished run of {missing} logged it")
+                verdicts.append("inconclusive")
+                continue
+            interval = compare(arm, baseline, condition.split("_")[0])
+            symbol = "<=" if condition.endswith("at_most") else ">="
+            measured.append(f"{metric} {interval.kind} {interval} (want {symbol} {threshold:g}; n={arm.n}/{baseline.n})")
+            verdicts.append(judge(interval, condition, float(threshold)))
+    return Verdict(claim, measured, combine(verdicts))
+
+
+def judge_front(claim: Claim, groups: dict[str, dict[str, Spread]]) -> Verdict:
+    """The arm against each front arm that needed no more ``x`` (by mean): lower ``y`` than all
+    of them holds, higher ``y`` than one of them (95% interval above 0) fails."""
+    arm = groups.get(claim.arm, {})
+    if claim.x not in arm or claim.y not in arm:
+        return Verdict(claim, [f"no finished run of {claim.arm} logged {claim.x} and {claim.y}"], "inconclusive")
+    measured, verdicts = [], []
+    for name in claim.front:
+        other = groups.get(name, {})
+        if claim.x not in other or claim.y not in other:
+            measured.append(f"{name}: no finished run")
+            verdicts.append("inconclusive")
+        elif other[claim.x].mean <= arm[claim.x].mean:
+            interval = compare(arm[claim.y], other[claim.y], "difference")
+            measured.append(f"vs {name} ({arm[claim.x].mean / other[claim.x].mean:.2f}x its {claim.x}): {claim.y} {interval}")
+            verdicts.append(judge(interval, "difference_at_most", 0.0))
+    if not measured:
+        measured.append(f"fewer {claim.x} than every front arm")
+    return Verdict(claim, measured, combine(verdicts))

@@ -1,0 +1,85 @@
+"""Resumable sweeps: a multirun job that finished is skipped, one that was interrupted resumes.
+
+Running the same ``-m`` command again with the same ``hydra.sweep.dir`` gives every job the
+same folder (Hydra numbers jobs in a fixed order). A job that finished there left
+``finished.yaml`` (its overrides and final metrics): it is skipped, and its metrics are
+returned to the sweeper as if it had run. A job that was interrupted (preempted, killed,
+the machine rebooted) resumes from its newest readable checkpoint: ``last.ckpt``, written
+on SIGTERM and with every periodic checkpoint, else the newest periodic one. A job folder
+that holds a finished run of other overrides is refused, since its results would be
+mixed with this command's.
+
+This works with any sweeper and launcher (basic, study, SLURM through submitit), because
+it runs inside the job. Single runs (no ``-m``) always start a new folder and are untouched.
+"""
+
+import logging
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
+
+from launch.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+MARKER = "finished.yaml"
+
+
+@dataclass(frozen=True)
+class SweepJob:
+    """This process's multirun job: its folder, number and overrides."""
+
+    folder: Path
+    number: int
+    overrides: list[str]
+
+    @classmethod
+    def current(cls) -> "SweepJob | None":
+        """The running job, or None outside a multirun."""
+        if not HydraConfig.initialized() or HydraConfig.get().mode != RunMode.MULTIRUN:
+            return None
+        hydra = HydraConfig.get()
+        return cls(Path(hydra.runtime.output_dir), int(hydra.job.num), list(hydra.overrides.task))
+
+    @property
+    def label(self) -> str:
+        return f"job {self.number}"  # Hydra has just printed the job's number and overrides
+
+    def finished_metrics(self) -> dict[str, float] | None:
+        """The metrics of a finished earlier run of this job, or None when it must (still) run."""
+        marker = self.folder / MARKER
+        if not marker.exists():
+            return None
+        record = yaml.safe_load(marker.read_text()) or {}
+        if list(record.get("overrides", [])) != self.overrides:
+            raise ConfigError(
+                f"{self.folder} holds a finished run of other overrides ({' '.join(record.get('overrides', []))});"
+                " this command's job would mix with it: use a new hydra.sweep.dir."
+            )
+        return dict(record.get("metrics", {}))
+
+    def checkpoint(self) -> Path | None:
+        """The newest readable checkpoint an interrupted earlier run of this job left, if any.
+
+        A checkpoint cut short by a hard kill is not a complete zip file; it is passed over.
+        """
+        folder = self.folder / "checkpoints"
+        candidates = [folder / "last.ckpt", *sorted(folder.glob("step*.ckpt"), reverse=True)]
+        return next((path for path in candidates if path.is_file() and zipfile.is_zipfile(path)), None)
+
+    def mark_finished(self, metrics: dict[str, float]) -> None:
+        record = {"overrides": self.overrides, "metrics": {key: float(value) for key, value in metrics.items()}}
+        (self.folder / MARKER).write_text(yaml.safe_dump(record, sort_keys=False))
+
+
+def report_skip(job: SweepJob, metrics: dict[str, float]) -> None:
+    loss = metrics.get("val/loss")
+    log.info("skipped %s: finished in an earlier run%s", job.label, f" (val/loss {loss:.4f})" if loss is not None else "")
+
+
+def report_resume(job: SweepJob, checkpoint: Path) -> None:
+    log.info("resuming %s from %s", job.label, checkpoint)

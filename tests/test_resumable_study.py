@@ -1,0 +1,93 @@
+"""A study preset end to end: arms x seeds through `train.py -m`, the report's groups and
+verdicts, and a sweep that resumes (finished jobs skipped, an interrupted one resumed exactly)."""
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from analysis.report import study_report
+from analysis.runs import load_run
+from tests.run_helpers import REPO, TINY, run_train
+
+STUDY = ["hydra.mode=MULTIRUN", f"hydra.searchpath=[file://{REPO / 'tests' / 'configs'}]", "+sweep=tiny_study",
+         *TINY, "token_budget=1536", "callbacks.model_checkpoint.every_n_train_steps=2",
+         "callbacks.validation_schedule.every_n_steps=3", "callbacks.progress_bar.line_interval_s=0.01"]  # fmt: skip
+
+
+def sweep(folder: Path, cache: Path, *extra: str) -> subprocess.CompletedProcess:
+    return run_train([*STUDY, f"hydra.sweep.dir={folder}", *extra], folder.parent / "unused", cache)
+
+
+def finished(job: Path) -> dict:
+    return yaml.safe_load((job / "finished.yaml").read_text())
+
+
+@pytest.fixture(scope="module")
+def study(tmp_path_factory) -> tuple[Path, Path, subprocess.CompletedProcess]:
+    folder, cache = tmp_path_factory.mktemp("study") / "sweep", tmp_path_factory.getbasetemp() / "cache"
+    result = sweep(folder, cache)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return folder, cache, result
+
+
+def test_arms_times_seeds_run_as_numbered_jobs(study) -> None:
+    folder, _, result = study
+    arms = [(load_run(folder / str(job)).arm, load_run(folder / str(job)).seed) for job in range(4)]
+    assert arms == [("low_lr", 1), ("low_lr", 2), ("high_lr", 1), ("high_lr", 2)]
+    assert load_run(folder / "2").setting("optimizer.lr") == 4e-3
+    # Not a terminal: progress comes as log lines, never as carriage-return redraws.
+    output = result.stdout + result.stderr
+    assert "\r" not in output and " tokens (" in output and "elapsed" in output
+
+
+def test_the_report_groups_seeds_and_judges_the_claims(study, tmp_path: Path) -> None:
+    folder, _, _ = study
+    result = subprocess.run([sys.executable, str(REPO / "scripts" / "report.py"), str(folder), "--out", str(tmp_path)],
+                            capture_output=True, text=True, cwd=REPO)  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    rows = {line.split(" | ")[0].strip("| "): line for line in result.stdout.splitlines() if line.startswith("| ")}
+    assert "± " in rows["low_lr"] and "2 (1, 2)" in rows["high_lr"]
+    report = study_report([folder])
+    losses = {group.name: group.spread("val/loss") for group in report.groups}
+    by_hand = [finished(folder / str(job))["metrics"]["val/loss"] for job in (2, 3)]
+    assert losses["high_lr"].values == pytest.approx(tuple(by_hand), abs=1e-6)
+    # 1e-4 against 4e-3 for 6 steps: the high LR is decisively lower, in every seed.
+    assert max(losses["high_lr"].values) < min(losses["low_lr"].values)
+    verdicts = {v.claim.claim: v.verdict for v in report.verdicts}
+    assert verdicts == {"the higher LR ends lower": "holds", "the low LR is below the high LR's front": "fails"}
+    assert "| the higher LR ends lower | val/loss difference" in result.stdout and "| holds |" in result.stdout
+    for plot in ("val_loss.png", "val_loss_vs_steps.png", "val_loss_vs_time.png"):
+        assert (tmp_path / plot).read_bytes().startswith(b"\x89PNG")
+
+
+def test_the_same_command_skips_finished_jobs_and_resumes_an_interrupted_one(study, tmp_path: Path) -> None:
+    original, cache, _ = study
+    folder = tmp_path / "sweep"
+    shutil.copytree(original, folder)
+    # Job 3 "was killed" after its checkpoint at step 4: no marker, no later checkpoint.
+    for leftover in ("finished.yaml", "checkpoints/last.ckpt", "checkpoints/step000006.ckpt"):
+        (folder / "3" / leftover).unlink()
+    result = sweep(folder, cache)
+    assert result.returncode == 0, result.stderr[-3000:]
+    output = result.stdout + result.stderr
+    for job in (0, 1, 2):
+        assert f"skipped job {job}: finished in an earlier run" in output
+    assert "resuming job 3 from" in output and "step000004.ckpt" in output
+    assert output.count("finished at step") == 1
+    # The resumed job ends exactly where the uninterrupted one did, and its log reads as one run.
+    assert finished(folder / "3")["metrics"]["val/loss"] == finished(original / "3")["metrics"]["val/loss"]
+    assert [row["step"] for row in load_run(folder / "3").rows if "train/loss" in row] == [1, 2, 3, 4, 5, 6]
+
+
+def test_a_job_folder_of_other_overrides_is_refused(study, tmp_path: Path) -> None:
+    original, cache, _ = study
+    folder = tmp_path / "sweep"
+    shutil.copytree(original, folder)
+    result = sweep(folder, cache, "optimizer.betas=[0.9,0.99]")
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines()[-1].startswith("error: ")
+    assert "holds a finished run of other overrides" in result.stderr and "new hydra.sweep.dir" in result.stderr

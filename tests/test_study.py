@@ -1,0 +1,122 @@
+"""Study specs, seed statistics and verdicts, against scipy and formulas written out here."""
+
+import math
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from analysis.study import Spread, StudySpec, compare, judge, judge_claim, t_quantile
+from hydra_plugins.study_sweeper.study_sweeper import study_jobs
+from launch.errors import ConfigError
+
+ARMS = {"small": ["batch.global_batch_size=16"], "large": ["batch.global_batch_size=64", "optimizer.lr=8e-3"]}
+
+
+@pytest.mark.parametrize("df", [1, 2, 3, 4, 5, 9, 10, 13, 30])
+def test_t_quantiles_are_scipys_or_wider_between_tabled_values(df: int) -> None:
+    exact = stats.t.ppf(0.975, df)
+    assert t_quantile(df) >= exact - 1e-3
+    assert t_quantile(df) == pytest.approx(exact, abs=1e-3) or df not in (1, 2, 3, 4, 5, 10, 30)
+    assert t_quantile(1000) == pytest.approx(stats.norm.ppf(0.975), abs=1e-3)
+
+
+def test_spread_and_difference_interval_equal_the_textbook_formulas() -> None:
+    a, b = [2.10, 2.14, 2.12], [2.00, 2.03, 2.01, 2.05]
+    spread_a, spread_b = Spread(tuple(a)), Spread(tuple(b))
+    assert (spread_a.mean, spread_a.std) == pytest.approx((np.mean(a), np.std(a, ddof=1)))
+    interval = compare(spread_a, spread_b, "difference")
+    error = math.sqrt(np.var(a, ddof=1) / 3 + np.var(b, ddof=1) / 4)
+    half = stats.t.ppf(0.975, 2) * error  # min(n) - 1 degrees of freedom
+    difference = np.mean(a) - np.mean(b)
+    assert (interval.value, interval.low, interval.high) == pytest.approx((difference, difference - half, difference + half), rel=1e-3)
+
+
+def test_ratio_interval_follows_the_delta_method() -> None:
+    a, b = [70.0, 74.0], [100.0, 100.0]
+    interval = compare(Spread(tuple(a)), Spread(tuple(b)), "ratio")
+    ratio = np.mean(a) / np.mean(b)
+    error = ratio * math.sqrt((np.std(a, ddof=1) / np.mean(a)) ** 2 / 2)
+    assert interval.value == pytest.approx(0.72)
+    assert interval.high - interval.value == pytest.approx(stats.t.ppf(0.975, 1) * error, rel=1e-3)
+
+
+@pytest.mark.parametrize(
+    ("arm", "baseline", "condition", "threshold", "verdict"),
+    [
+        ((2.00, 2.01, 2.00), (2.10, 2.11, 2.10), "difference_at_most", 0.0, "holds"),  # clearly lower
+        ((2.20, 2.21, 2.20), (2.10, 2.11, 2.10), "difference_at_most", 0.0, "fails"),  # clearly higher
+        ((2.00, 2.20, 2.10), (2.05, 2.15, 2.10), "difference_at_most", 0.0, "inconclusive"),  # within the spread
+        ((2.00,), (2.10,), "difference_at_most", 0.0, "inconclusive"),  # one seed: no spread known
+        ((60.0, 60.0), (100.0, 100.0), "ratio_at_most", 0.7, "holds"),  # deterministic steps
+        ((80.0, 80.0), (100.0, 100.0), "ratio_at_most", 0.7, "fails"),
+        ((2.0, 2.0), (1.0, 1.0), "ratio_at_least", 1.5, "holds"),
+    ],
+)
+def test_verdicts(arm, baseline, condition, threshold, verdict) -> None:
+    interval = compare(Spread(arm), Spread(baseline), condition.split("_")[0])
+    assert judge(interval, condition, threshold) == verdict
+
+
+def claim(**entry) -> StudySpec:
+    return StudySpec.from_config({"arms": ARMS, "seeds": [1, 2], "claims": [entry]})
+
+
+def test_a_claim_with_two_conditions_fails_if_one_fails() -> None:
+    spec = claim(arm="large", baseline="small", expect={"val/loss": {"difference_at_most": 0.01}, "steps": {"ratio_at_most": 0.7}})
+    groups = {
+        "large": {"val/loss": Spread((2.0000, 2.0002)), "steps": Spread((25.0, 25.0))},
+        "small": {"val/loss": Spread((2.0000, 2.0001)), "steps": Spread((100.0, 100.0))},
+    }
+    assert judge_claim(spec.claims[0], groups).verdict == "holds"
+    groups["large"]["steps"] = Spread((90.0, 90.0))
+    verdict = judge_claim(spec.claims[0], groups)
+    assert verdict.verdict == "fails" and "ratio 0.9" in verdict.measured[1]
+
+
+def test_a_front_claim_is_below_on_or_above_the_front() -> None:
+    spec = StudySpec.from_config(
+        {"arms": {**ARMS, "adaptive": ["+technique=adaptive_batch"]}, "seeds": [1, 2],
+         "claims": [{"arm": "adaptive", "front": ["small", "large"]}]}  # fmt: skip
+    )
+    front = {"small": {"steps": Spread((100.0, 100.0)), "val/loss": Spread((2.00, 2.01))},
+             "large": {"steps": Spread((25.0, 25.0)), "val/loss": Spread((2.30, 2.31))}}  # fmt: skip
+
+    def verdict(steps: float, losses: tuple[float, float]) -> str:
+        groups = {**front, "adaptive": {"steps": Spread((steps, steps)), "val/loss": Spread(losses)}}
+        return judge_claim(spec.claims[0], groups).verdict
+
+    assert verdict(50.0, (2.10, 2.11)) == "holds"  # fewer steps than small, lower loss than large
+    assert verdict(50.0, (2.40, 2.41)) == "fails"  # large took fewer steps and ended lower
+    assert verdict(50.0, (2.29, 2.32)) == "inconclusive"  # on the front within the seeds' spread
+    assert verdict(10.0, (3.00, 3.01)) == "holds"  # fewer steps than any constant: not dominated
+
+
+@pytest.mark.parametrize(
+    ("study", "message"),
+    [
+        ({"arms": ARMS, "seeds": [1, 1]}, "distinct integers"),
+        ({"arms": {"a": "optimizer.lr=1"}, "seeds": [1]}, "study.arms.a must be a list of overrides"),
+        ({"arms": ARMS, "seeds": [1], "claims": [{"arm": "huge", "baseline": "small", "expect": {"val/loss": {"difference_at_most": 0}}}]},
+         r"study.claims\[0\] names 'huge', which is not an arm"),
+        ({"arms": ARMS, "seeds": [1], "claims": [{"arm": "large", "baseline": "small", "expect": {"val/loss": {"below": 0}}}]},
+         "conditions are"),
+    ],
+)
+def test_study_mistakes_name_the_key(study, message) -> None:
+    with pytest.raises(ConfigError, match=message):
+        StudySpec.from_config(study)
+
+
+def test_jobs_are_arms_times_seeds_and_the_command_line_wins() -> None:
+    spec = StudySpec.from_config({"arms": ARMS, "seeds": [1, 2]})
+    assert study_jobs(spec, [["token_budget=1000"]]) == [
+        ["token_budget=1000", "batch.global_batch_size=16", "study.arm=small", "seed=1"],
+        ["token_budget=1000", "batch.global_batch_size=16", "study.arm=small", "seed=2"],
+        ["token_budget=1000", "batch.global_batch_size=64", "optimizer.lr=8e-3", "study.arm=large", "seed=1"],
+        ["token_budget=1000", "batch.global_batch_size=64", "optimizer.lr=8e-3", "study.arm=large", "seed=2"],
+    ]
+    # A key the command line sets is not overridden by an arm; a seed there replaces the study's seeds.
+    jobs = study_jobs(spec, [["optimizer.lr=1e-3", "seed=7"]])
+    assert jobs == [["optimizer.lr=1e-3", "seed=7", "batch.global_batch_size=16", "study.arm=small"],
+                    ["optimizer.lr=1e-3", "seed=7", "batch.global_batch_size=64", "study.arm=large"]]  # fmt: skip
