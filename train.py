@@ -18,7 +18,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
 from launch.cli import fail, is_rank_zero, run_cli
-from launch.errors import UserError
+from common.errors import UserError
 from launch.run_settings import check_config
 from launch.sweep_jobs import SweepJob, report_resume, report_skip
 

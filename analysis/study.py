@@ -44,7 +44,7 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
-from launch.errors import ConfigError
+from common.errors import ConfigError
 
 #: Two-sided 95% quantiles of Student's t by degrees of freedom (beyond 30: the normal's).
 T_95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262,

@@ -22,7 +22,6 @@ from launch.run_settings import check_config
 from lightning_modules.llama import Llama, seed_from_global_rng
 from lightning_modules.lr_schedule import learning_rate
 from lightning_modules.meta_init import materialize_and_init
-from lightning_modules.optim import build_optimizer
 from lightning_modules.parallelism import apply_layout, attention_backend, check_kernels_available
 
 REPO = Path(__file__).resolve().parents[1]
@@ -103,7 +102,7 @@ def plain_tokens_per_sec(cfg: DictConfig, steps: int, warmup: int) -> float:
         model = Llama(vocab_for(settings.model, datamodule.vocab_size))
     apply_layout(model, settings.layout)
     materialize_and_init(model, device, seed_from_global_rng())
-    optimizer = build_optimizer(model, settings.optimizer, fused=settings.layout.fused_adamw)
+    optimizer = settings.optimizer.build(model, fused=settings.layout.fused_adamw)
     autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled="bf16" in str(cfg.trainer.precision))
     accumulation = settings.batch.global_batch_size // settings.run.micro_batch_size
     batches, tokens, timed_from = iter(datamodule.train_dataloader()), 0, (0, 0.0)

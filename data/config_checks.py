@@ -16,7 +16,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from launch.errors import ConfigError
+from common.errors import ConfigError
 
 MIN_SEQ_LEN = 8
 

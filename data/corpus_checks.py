@@ -19,7 +19,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from launch.errors import DataError
+from common.errors import DataError
 
 UTF8_CHUNK = 1 << 20
 TEXT_FIELD = "data.source.text_field"

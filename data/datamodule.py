@@ -26,7 +26,7 @@ from data.sources import DocumentSource, build_source
 from data.split import ValidationSplit
 from data.token_cache import HF_DATASETS_SUBDIR, build_token_cache, cache_fingerprint, open_token_cache
 from data.tokenizers import Tokenizer, build_tokenizer, check_tokenizer_config
-from launch.errors import CheckpointError, ConfigError, DataError
+from common.errors import CheckpointError, ConfigError, DataError
 
 
 
@@ -129,6 +129,13 @@ class TextDataModule(L.LightningDataModule):
         self._val_rows = PackedRows(cache.val, self.seq_len)
         self._check_row_counts()
 
+    def prepare(self, world_size: int) -> None:
+        """Tokenize unless cached, then check the rows suffice for ``world_size`` ranks: what
+        ``prepare_data`` and ``setup`` do, callable before the Trainer (and any logger) exists."""
+        self.prepare_data()
+        self.setup()
+        self._check_row_counts(world_size)
+
     def train_dataloader(self) -> DataLoader:
         """Endless micro-batches for this rank, from the current (possibly restored) position.
 
@@ -225,9 +232,10 @@ class TextDataModule(L.LightningDataModule):
             raise self.source.no_documents_error()
         return chain([first], documents)
 
-    def _check_row_counts(self) -> None:
+    def _check_row_counts(self, dp_size: int | None = None) -> None:
+        dp_size = dp_size or self.dp_size
         row = self.seq_len + 1
-        group = self.micro_batch_size * self.dp_size
+        group = self.micro_batch_size * dp_size
         train_rows, val_rows = self._rows("train").num_rows, self._rows("val").num_rows
         if train_rows < group:
             raise DataError(
@@ -236,10 +244,10 @@ class TextDataModule(L.LightningDataModule):
                 "or batch.micro_batch_size, or use more text"
             )
         usable_val_rows = val_rows if self.val_max_rows is None else min(val_rows, self.val_max_rows)
-        if usable_val_rows < self.dp_size:
+        if usable_val_rows < dp_size:
             raise DataError(
                 f"the validation split has {usable_val_rows} usable rows of {row} tokens from {self.source.label}, "
-                f"fewer than one per data-parallel rank ({self.dp_size}): raise data.val_fraction "
+                f"fewer than one per data-parallel rank ({dp_size}): raise data.val_fraction "
                 f"(now {self.val_fraction}) or data.val_max_rows, lower data.seq_len, or use more text"
             )
 

@@ -19,7 +19,7 @@ from collections.abc import Iterator
 import torch
 from torch.utils.data import Sampler
 
-from launch.errors import CheckpointError
+from common.errors import CheckpointError
 
 
 class ResumableRankSampler(Sampler[list[int]]):

@@ -19,7 +19,7 @@ from typing import Any
 
 from data.config_checks import check_kind_and_keys, one_line, optional_positive_int, required_string
 from data.corpus_checks import check_utf8, describe_files, json_problem
-from launch.errors import ConfigError, DataError
+from common.errors import ConfigError, DataError
 
 SETTING = "data.source"
 CAP_KEYS = ("max_documents", "max_tokens")

@@ -38,7 +38,7 @@ from data.fingerprint import digest_json
 from data.sources import DocumentSource
 from data.split import ValidationSplit
 from data.tokenizers import Tokenizer
-from launch.errors import DataError
+from common.errors import DataError
 
 CACHE_VERSION = 1
 FLUSH_TOKENS = 1 << 20  # tokens buffered per split before writing (8 MiB as int64)

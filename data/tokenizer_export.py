@@ -28,7 +28,7 @@ from tokenizers import Tokenizer as LibraryTokenizer
 from data.bpe import EOS_TOKEN
 from data.datamodule import TextDataModule
 from data.tokenizers import JsonTokenizer, Tokenizer, check_tokenizer_config
-from launch.errors import DataError
+from common.errors import DataError
 from lightning_modules.hf_interop import TokenizerIds
 
 BYTE_VOCAB = 256

@@ -27,7 +27,7 @@ from tokenizers import Tokenizer as LibraryTokenizer
 from data.bpe import EOS_TOKEN, load_or_train_bpe
 from data.config_checks import check_kind_and_keys, one_line, required_string
 from data.fingerprint import digest
-from launch.errors import ConfigError, DataError
+from common.errors import ConfigError, DataError
 
 SETTING = "data.tokenizer"
 TOKENIZER_KEYS: dict[str, tuple[str, ...]] = {

@@ -19,7 +19,7 @@ import torch
 
 from data.datamodule import TextDataModule
 from data.tokenizers import Tokenizer
-from launch.errors import CheckpointError
+from common.errors import CheckpointError
 from lightning_modules.hf_interop import CheckpointContents, read_lightning_checkpoint
 from lightning_modules.llama import Llama
 

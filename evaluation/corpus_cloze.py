@@ -38,7 +38,7 @@ from data.sources import DocumentSource, build_source
 from data.split import ValidationSplit
 from data.token_cache import HF_DATASETS_SUBDIR
 from evaluation.harness import TaskSpec
-from launch.errors import ConfigError, DataError
+from common.errors import ConfigError, DataError
 
 TASK_NAME = "corpus_cloze"
 DEFAULT_K = 500

@@ -39,7 +39,7 @@ from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 from torch import nn
 
 from data.tokenizers import Tokenizer
-from launch.errors import ConfigError
+from common.errors import ConfigError
 
 DEFAULT_BATCH_SIZE = 16
 DEFAULT_MAX_GEN_TOKS = 256  # lm-eval's default generation budget

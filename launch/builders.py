@@ -16,7 +16,7 @@ from lightning.pytorch.strategies import Strategy
 from omegaconf import DictConfig, OmegaConf
 
 from data.datamodule import TextDataModule
-from launch.errors import ConfigError, UserError
+from common.errors import ConfigError, UserError
 from launch.run_settings import RunSettings, world_size
 from lightning_modules.hf_interop import load_hf_pretrained
 from lightning_modules.llama import LlamaConfig

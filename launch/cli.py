@@ -6,14 +6,20 @@ are ``UserError``s raised by the run. Both end with one line on rank 0 and exit 
 Any other exception is a bug and keeps its full traceback.
 """
 
+import difflib
 import os
+import re
 import sys
 from collections.abc import Callable
+from pathlib import Path
 
 from hydra.errors import HydraException
 from omegaconf.errors import OmegaConfBaseException
 
-from launch.errors import UserError
+from common.errors import UserError
+
+CONF = Path(__file__).resolve().parents[1] / "conf"
+HINT = "(`python train.py --cfg job` prints the config and its keys)"
 
 #: Hydra's exceptions about what the user typed, as opposed to failures inside the run.
 COMPOSITION_ERRORS = ("ConfigCompositionException", "OverrideParseException", "MissingConfigException")
@@ -51,7 +57,49 @@ def run_cli(main: Callable[[], object]) -> None:
     except Exception as error:
         if not is_composition_error(error):
             raise
-        fail(f"{one_line(error)} (`python train.py --cfg job` prints the config and its keys)")
+        fail(composition_message(error, sys.argv[1:]))
+
+
+def composition_message(error: BaseException, arguments: list[str]) -> str:
+    """Hydra's complaint as one line: a misspelt key names the closest real one, and an
+    unknown option lists the choices without Hydra's config search path."""
+    text = one_line(error)
+    unknown = re.search(r"Could not override '([^']+)'.*is not in struct", text)
+    if unknown:
+        suggestion = closest_key(unknown.group(1), [a for a in arguments if not a.startswith(unknown.group(1) + "=")])
+        hint = f"; did you mean {suggestion}?" if suggestion else ""
+        return f"{unknown.group(1)} is not a setting{hint} {HINT}"
+    if "Available options in" in str(error):
+        lines = [line.strip() for line in str(error).split("Config search path:")[0].splitlines() if line.strip()]
+        at = next(i for i, line in enumerate(lines) if "Available options in" in line)
+        return f"{'; '.join(lines[:at])}; {lines[at].rstrip(':').lower()}: {', '.join(lines[at + 1 :])} {HINT}"
+    return f"{text} {HINT}"
+
+
+def closest_key(key: str, arguments: list[str]) -> str | None:
+    """The real key nearest to a misspelt one, from the config the other overrides compose."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from omegaconf import DictConfig, OmegaConf
+
+    overrides = [a for a in arguments if not a.startswith(("-", "hydra.", "hydra/", "+hydra"))]
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+            cfg = compose("train", overrides=overrides)
+    except Exception:  # other mistakes in the same command: keep Hydra's own message
+        return None
+    node, parts = cfg, []
+    for part in key.split("."):  # each misspelt part replaced by the nearest real one
+        if not isinstance(node, DictConfig):
+            return None
+        keys = [str(k) for k in node.keys()]
+        match = [part] if part in keys else difflib.get_close_matches(part, keys, n=1, cutoff=0.5)
+        if not match:
+            return None
+        parts.append(match[0])
+        node = node[match[0]]
+    return ".".join(parts)
 
 
 def fail(message: str) -> None:

@@ -1,11 +1,12 @@
 """Resuming: refuse a checkpoint that cannot continue this run, before any data is read.
 
-What cannot change on resume (the checkpoint's weights or data position would not fit):
-the model's shape, the packed sequence length, and the replicas of simulated DiLoCo. A
+What cannot change on resume (the checkpoint's weights, optimizer state or data position
+would not fit): the model's shape, the optimizer's kind, the packed sequence length, and
+the replicas of simulated DiLoCo. A
 missing, unreadable or foreign checkpoint is refused too. Settings that may change (the
 learning rate and its schedule, the token budget, the global batch without a batch-size
 technique) are applied, each with one line in the log: see
-``LlamaLightningModule.on_load_checkpoint``.
+``LlamaLightningModule.on_load_checkpoint`` and ``lightning_modules/resume_notes.py``.
 """
 
 from pathlib import Path
@@ -13,7 +14,7 @@ from typing import Any
 
 import torch
 
-from launch.errors import CheckpointError
+from common.errors import CheckpointError
 from lightning_modules.llama import LlamaConfig
 
 SHAPE_FIELDS = ("vocab_size", "n_layers", "d_model", "n_heads", "n_kv_heads", "mlp_hidden", "tie_embeddings")
@@ -36,10 +37,14 @@ def checkpoint_metadata(path: str) -> dict[str, Any]:
     return checkpoint
 
 
-def check_resume(path: str, model: LlamaConfig, seq_len: int, sequential_replicas: int) -> None:
-    """Raise ``CheckpointError`` naming the setting that must match the checkpoint's run."""
+def check_resume(path: str, model: LlamaConfig, seq_len: int, sequential_replicas: int, optimizer: str) -> None:
+    """Raise ``CheckpointError`` naming the setting that must match the checkpoint's run
+    (``optimizer``: the kind of this run's optimizer, whose state the checkpoint must hold)."""
     checkpoint = checkpoint_metadata(path)
     saved = checkpoint.get("hyper_parameters", {})
+    saved_optimizer = saved.get("optimizer", {}).get("kind", "adamw")  # checkpoints before the optimizer group: AdamW
+    if saved_optimizer != optimizer:
+        raise CheckpointError(_mismatch(path, "optimizer", saved_optimizer, optimizer))
     for field in SHAPE_FIELDS:
         before, now = saved.get("model", {}).get(field), getattr(model, field)
         if before != now:
@@ -57,16 +62,3 @@ def _mismatch(path: str, setting: str, before: Any, now: Any) -> str:
         f"ckpt_path={path} was trained with {setting}={before}, but this run has {setting}={now};"
         f" resume with {setting}={before}, or start a new run without ckpt_path."
     )
-
-
-def resume_notes(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
-    """One line per setting that changed since the checkpoint and is applied from now on."""
-    notes = []
-    for section in ("optimizer", "lr_schedule"):
-        for field, now in current[section].items():
-            before = saved.get(section, {}).get(field)
-            if before != now:
-                notes.append(f"resuming with {section}.{field}={now} (the checkpoint's run had {before})")
-    if saved.get("token_budget") != current["token_budget"]:
-        notes.append(f"resuming with token_budget={current['token_budget']} (the checkpoint's run had {saved.get('token_budget')})")
-    return notes

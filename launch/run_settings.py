@@ -8,18 +8,19 @@ the config states, and again once the Trainer has counted them (``devices: auto`
 
 import dataclasses
 import importlib
+from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig
 
 from callbacks.technique import RunContext, TechniqueSettings
 from data.config_checks import check_seq_len
-from launch.errors import ConfigError
+from common.errors import ConfigError
 from launch.typed_settings import coerce, plain, settings_from_config
 from lightning_modules.global_batch import BatchConfig, micro_batch_size_for
 from lightning_modules.llama import LlamaConfig
 from lightning_modules.lr_schedule import LRScheduleConfig
-from lightning_modules.optim import OptimizerConfig
+from lightning_modules.optimizers.settings import OptimizerSettings
 from lightning_modules.parallelism import LayoutConfig
 
 STRATEGY_BY_CLASS = {
@@ -35,7 +36,7 @@ class RunSettings:
     """The typed settings a run is built from."""
 
     model: LlamaConfig
-    optimizer: OptimizerConfig
+    optimizer: OptimizerSettings
     lr_schedule: LRScheduleConfig
     batch: BatchConfig
     layout: LayoutConfig
@@ -65,7 +66,7 @@ def technique_settings(cfg: DictConfig) -> dict[str, TechniqueSettings]:
     for name, node in (cfg.get("technique") or {}).items():
         key = f"technique.{name}"
         target = node.get("_target_") if isinstance(node, DictConfig) else None
-        cls = _settings_class(target, key)
+        cls = _settings_class(target, key, TechniqueSettings, "technique configs come from conf/technique/ (e.g. +technique=adaptive_batch)")
         techniques[name] = settings_from_config(cls, node, key)
     setters = [f"technique.{name}" for name, s in techniques.items() if s.sets_global_batch]
     if len(setters) > 1:
@@ -75,18 +76,24 @@ def technique_settings(cfg: DictConfig) -> dict[str, TechniqueSettings]:
     return techniques
 
 
-def _settings_class(target: Any, key: str) -> type[TechniqueSettings]:
+def _settings_class(target: Any, key: str, base: type, hint: str) -> type:
+    """The settings class a config node names in ``_target_``, which must derive from ``base``."""
     module_name, _, class_name = str(target).rpartition(".")
     try:
         cls = getattr(importlib.import_module(module_name), class_name) if module_name else None
     except (ImportError, AttributeError):
         cls = None
-    if not (isinstance(cls, type) and issubclass(cls, TechniqueSettings)):
-        raise ConfigError(
-            f"{key}._target_={target!r} is not a technique settings class; technique configs come from"
-            " conf/technique/ (e.g. +technique=adaptive_batch)."
-        )
+    if not (isinstance(cls, type) and issubclass(cls, base)):
+        raise ConfigError(f"{key}._target_={target!r} is not a {base.__name__} class; {hint}.")
     return cls
+
+
+def optimizer_settings(cfg: DictConfig) -> OptimizerSettings:
+    """The ``optimizer`` node as the settings class its ``_target_`` names (``conf/optimizer/``)."""
+    node = cfg.optimizer
+    target = node.get("_target_") if isinstance(node, DictConfig) else None
+    cls = _settings_class(target, "optimizer", OptimizerSettings, "choose one from conf/optimizer/ (e.g. optimizer=muon)")
+    return settings_from_config(cls, node, "optimizer")
 
 
 def _seq_len(cfg: DictConfig) -> int:
@@ -99,6 +106,17 @@ def _top_level(cfg: DictConfig) -> dict[str, Any]:
     return {key: coerce(plain(cfg.get(key)), hint, key) for key, hint in TOP_LEVEL_TYPES.items()}
 
 
+def check_files(cfg: DictConfig) -> None:
+    """The folders and files the run reads, checked as the run starts (not in ``check_config``,
+    which checks settings alone, e.g. of documented commands with placeholder paths)."""
+    folder = cfg.get("init_from_hf")
+    if folder and not (Path(folder) / "config.json").is_file():
+        raise ConfigError(
+            f"init_from_hf={folder}: {Path(folder) / 'config.json'} does not exist; give a local Hugging Face Llama"
+            " folder (config.json and *.safetensors)."
+        )
+
+
 def check_config(cfg: DictConfig, processes: int | None = None) -> RunSettings:
     """Validate the whole run config; ``processes`` overrides the count the config states."""
     top = _top_level(cfg)
@@ -106,6 +124,7 @@ def check_config(cfg: DictConfig, processes: int | None = None) -> RunSettings:
     lr_schedule = settings_from_config(LRScheduleConfig, cfg.lr_schedule, "lr_schedule")
     layout = settings_from_config(LayoutConfig, cfg.layout, "layout")
     techniques = technique_settings(cfg)
+    optimizer = optimizer_settings(cfg)
     run = RunContext(
         world_size=processes or world_size(cfg.trainer),
         strategy=strategy_name(cfg.strategy),
@@ -123,11 +142,12 @@ def check_config(cfg: DictConfig, processes: int | None = None) -> RunSettings:
     run = dataclasses.replace(run, sequential_replicas=replicas, micro_batch_size=micro)
     _check_budget(run, lr_schedule)
     _check_strategy(run, layout, cfg)
+    optimizer.check(run.strategy)
     for settings in techniques.values():
         settings.check(run)
     return RunSettings(
         model=settings_from_config(LlamaConfig, cfg.model, "model"),
-        optimizer=settings_from_config(OptimizerConfig, cfg.optimizer, "optimizer"),
+        optimizer=optimizer,
         lr_schedule=lr_schedule,
         batch=batch,
         layout=layout,

@@ -22,7 +22,7 @@ import yaml
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 
-from launch.errors import ConfigError
+from common.errors import ConfigError
 
 log = logging.getLogger(__name__)
 

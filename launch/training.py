@@ -5,6 +5,7 @@ the data libraries and the loggers (several seconds of imports).
 """
 
 import logging
+import os
 from dataclasses import dataclass
 
 import lightning as L
@@ -22,7 +23,7 @@ from launch.builders import (
 )
 from launch.console import quiet_console
 from launch.resume import check_resume
-from launch.run_settings import RunSettings, check_config
+from launch.run_settings import RunSettings, check_config, check_files
 from lightning_modules.parallelism import check_kernels_available
 
 log = logging.getLogger(__name__)
@@ -39,15 +40,23 @@ class RunResult:
 def train(cfg: DictConfig, settings: RunSettings) -> RunResult:
     """Run one training job; returns its final metrics (used by sweeps)."""
     quiet_console()
+    check_files(cfg)
     world = processes(cfg.trainer)
     if settings.run.world_size != world:
         settings = check_config(cfg, processes=world)  # the checks that needed the process count
     check_kernels_available(settings.layout)
     L.seed_everything(cfg.seed, workers=True, verbose=False)
     datamodule = build_datamodule(cfg, settings)
+    if int(os.environ.get("LOCAL_RANK", 0)) == 0:
+        # Tokenize (or find the cache) and check it before any logger starts, so a data
+        # mistake ends the run with its one line and no logger files; Lightning's own
+        # prepare_data then finds the cache.
+        datamodule.prepare(world)
     module = build_module(cfg, settings, datamodule.vocab_size)
     if cfg.get("ckpt_path"):
-        check_resume(cfg.ckpt_path, module.model_config, datamodule.seq_len, settings.run.sequential_replicas)
+        check_resume(
+            cfg.ckpt_path, module.model_config, datamodule.seq_len, settings.run.sequential_replicas, settings.optimizer.kind
+        )
     loggers = build_loggers(cfg)
     trainer = build_trainer(cfg, settings, loggers, build_callbacks(cfg, settings))
     stopped = False

@@ -12,7 +12,7 @@ from typing import Any, TypeVar
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
-from launch.errors import ConfigError
+from common.errors import ConfigError
 
 T = TypeVar("T")
 

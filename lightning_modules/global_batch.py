@@ -14,7 +14,7 @@ Torch-free, so that settings are checked before the heavy imports.
 import math
 from dataclasses import dataclass
 
-from launch.errors import CheckpointError, ConfigError
+from common.errors import CheckpointError, ConfigError
 
 
 @dataclass(kw_only=True)

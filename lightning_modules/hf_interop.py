@@ -19,6 +19,7 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, save_file
 
+from common.errors import CheckpointError, ConfigError
 from lightning_modules.llama import Llama, LlamaConfig
 
 # Written into config.json; only a hint for inference tools, since rotary embeddings have no
@@ -266,7 +267,7 @@ def _safetensors_files(folder: Path) -> list[Path]:
         return [folder / name for name in shard_names]
     files = sorted(folder.glob("*.safetensors"))
     if not files:
-        raise FileNotFoundError(
+        raise ConfigError(
             f"No *.safetensors weights in {folder}; only safetensors checkpoints are supported "
             "(re-save pytorch_model.bin checkpoints with save_pretrained(safe_serialization=True))."
         )
@@ -279,7 +280,10 @@ def load_hf_pretrained(path: str | Path) -> tuple[LlamaConfig, dict[str, torch.T
     folder = Path(path)
     config_file = folder / "config.json"
     if not config_file.is_file():
-        raise FileNotFoundError(f"{config_file} not found; expected a Hugging Face model folder.")
+        raise ConfigError(
+            f"init_from_hf={path}: {config_file} does not exist; give a local Hugging Face Llama folder"
+            " (config.json and *.safetensors)."
+        )
     config = from_hf_config_dict(json.loads(config_file.read_text()))
     hf_state_dict: dict[str, torch.Tensor] = {}
     for file in _safetensors_files(folder):
@@ -378,7 +382,11 @@ def read_lightning_checkpoint(path: str | Path) -> CheckpointContents:
     if path.is_dir():
         checkpoint = _load_distributed_checkpoint(path)
     else:
-        checkpoint = torch.load(path, map_location="cpu", weights_only=False, mmap=True)
+        try:
+            checkpoint = torch.load(path, map_location="cpu", weights_only=False, mmap=True)
+        except Exception as error:  # truncated, not a zip, not a pickle: any of them means unreadable
+            reason = str(error).splitlines()[0].split(". ")[0] if str(error) else ""
+            raise CheckpointError(f"{path} is not a readable checkpoint ({type(error).__name__}: {reason})") from None
     if not isinstance(checkpoint, Mapping) or "state_dict" not in checkpoint:
         raise KeyError(f"{path} is not a Lightning checkpoint: it has no 'state_dict' entry.")
     config = _config_from_hyper_parameters(checkpoint, path)

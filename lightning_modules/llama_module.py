@@ -22,12 +22,12 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_
 from torch.distributed.fsdp.wrap import wrap
 
 from callbacks.step_callback import StepCallback
-from launch.resume import resume_notes
 from lightning_modules.global_batch import BatchConfig, GlobalBatch
 from lightning_modules.llama import Llama, LlamaConfig, seed_from_global_rng
 from lightning_modules.meta_init import fsdp1_param_init_fn, materialize_and_init
 from lightning_modules.lr_schedule import LRScheduleConfig, learning_rate
-from lightning_modules.optim import OptimizerConfig, apply_settings, build_optimizer
+from lightning_modules.optimizers.settings import OptimizerSettings
+from lightning_modules.resume_notes import resume_notes
 from lightning_modules.parallelism import (
     LayoutConfig,
     apply_layout,
@@ -61,7 +61,7 @@ class LlamaLightningModule(L.LightningModule):
     def __init__(
         self,
         model: LlamaConfig,
-        optimizer: OptimizerConfig,
+        optimizer: OptimizerSettings,
         lr_schedule: LRScheduleConfig,
         batch: BatchConfig,
         layout: LayoutConfig,
@@ -76,7 +76,7 @@ class LlamaLightningModule(L.LightningModule):
         self.save_hyperparameters(
             {
                 "model": asdict(model),
-                "optimizer": asdict(optimizer),
+                "optimizer": {"kind": optimizer.kind, **asdict(optimizer)},
                 "lr_schedule": asdict(lr_schedule),
                 "batch": asdict(batch),
                 "layout": asdict(layout),
@@ -150,7 +150,7 @@ class LlamaLightningModule(L.LightningModule):
         return mesh
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
-        optimizer = build_optimizer(self.model, self.optimizer_config, fused=self.layout.fused_adamw)
+        optimizer = self.optimizer_config.build(self.model, fused=self.layout.fused_adamw)
         self.training_state.optimizer = optimizer
         return optimizer
 
@@ -229,6 +229,8 @@ class LlamaLightningModule(L.LightningModule):
         optimizer = self.optimizers()
         for group in optimizer.param_groups:
             group["lr"] = lr
+            if "name" in group:  # optimizers of several parts (Muon and AdamW) log each part's rate
+                state.record_metric(f"train/lr/{group['name']}", lr)
         optimizer.step()  # clips in on_before_optimizer_step, after any loss-scale unscaling
         optimizer.zero_grad(set_to_none=True)
 
@@ -343,7 +345,7 @@ class LlamaLightningModule(L.LightningModule):
     def on_train_start(self) -> None:
         """Put the configured optimizer settings into a (possibly restored) optimizer; a run
         resumed from a checkpoint taken at its end stops before taking another step."""
-        apply_settings(self.training_state.optimizer, self.optimizer_config)
+        self.optimizer_config.apply(self.training_state.optimizer)
         if self.training_state.clock.steps and self._ends_training():
             log.info("the checkpoint is at the end of training (step %d): nothing left to train", self.training_state.clock.steps)
             self.trainer.should_stop = True

@@ -19,7 +19,7 @@ count does not depend on how those tokens were batched once warmup is over.
 import math
 from dataclasses import dataclass
 
-from launch.errors import ConfigError
+from common.errors import ConfigError
 
 SCHEDULES = ("constant", "linear", "cosine", "wsd")
 

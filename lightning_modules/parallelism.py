@@ -16,7 +16,7 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
 
-from launch.errors import ConfigError
+from common.errors import ConfigError
 
 ACTIVATION_CHECKPOINTING = ("none", "full", "mlp")
 COMPILE = ("none", "blocks", "model")

@@ -28,7 +28,7 @@ from evaluation.corpus_cloze import DEFAULT_K, TASK_NAME, build_corpus_cloze_tas
 from evaluation.harness import MetricRow, TaskSpec, known_task_names, metric_rows, run_tasks
 from evaluation.lm_adapter import DEFAULT_BATCH_SIZE, LlamaLM
 from launch.cli import exit_code
-from launch.errors import ConfigError
+from common.errors import ConfigError
 
 LOCAL_TASKS = (TASK_NAME,)
 

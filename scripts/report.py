@@ -21,7 +21,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 from analysis.report import study_report, write_report
 from launch.cli import exit_code
-from launch.errors import UserError
+from common.errors import UserError
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

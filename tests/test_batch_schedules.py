@@ -6,7 +6,7 @@ from analysis.runs import load_run
 from callbacks.batch_size.adaptive import AdaptiveBatchSize
 from callbacks.batch_size.lr_scaling import lr_scaling_for
 from callbacks.batch_size.noise_tests import SampleSums, noise_scale, required_batch
-from launch.errors import ConfigError
+from common.errors import ConfigError
 from launch.run_settings import check_config
 from lightning_modules.clock import TrainingClock
 from tests.run_helpers import TINY, compose_config, run_train, training_state

@@ -27,7 +27,7 @@ from data.sources import build_source
 from data.split import ValidationSplit
 from data.token_cache import build_token_cache, open_token_cache
 from data.tokenizers import ByteTokenizer, build_tokenizer
-from launch.errors import DataError
+from common.errors import DataError
 
 EOS = 256
 WORDS = "the quick brown fox jumps over a lazy dog while seven wizards hum; café naïve über 東京 ✓".split()

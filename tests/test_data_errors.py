@@ -26,7 +26,7 @@ from data.sources import build_source
 from data.split import ValidationSplit
 from data.token_cache import build_token_cache, staging_prefix
 from data.tokenizers import ByteTokenizer
-from launch.errors import ConfigError, DataError
+from common.errors import ConfigError, DataError
 from tests.run_helpers import compose_config
 
 WORDS = "the quick brown fox jumps over a lazy dog while seven wizards hum".split()

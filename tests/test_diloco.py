@@ -159,8 +159,13 @@ def test_sharded_replicas_equal_unsharded_ones(tmp_path, tmp_path_factory):
 
 @pytest.mark.parametrize(
     "overrides, resume_step",
-    [(["trainer.max_steps=8"], 3), (REAL + ["trainer.devices=2", "trainer.max_steps=4"], 1)],
-    ids=["simulated_mid_global_step", "real_mid_round"],
+    [
+        (["trainer.max_steps=8"], 3),
+        (REAL + ["trainer.devices=2", "trainer.max_steps=4"], 1),
+        (["trainer.max_steps=8", "optimizer=muon"], 3),
+        (REAL + ["trainer.devices=2", "trainer.max_steps=4", "optimizer=muon"], 1),
+    ],
+    ids=["simulated_mid_global_step", "real_mid_round", "muon_simulated", "muon_real"],
 )
 def test_resume_mid_round_is_exact(overrides, resume_step, simulated_two_replicas, tmp_path, tmp_path_factory):
     checkpoints = DILOCO + overrides + [f"callbacks.model_checkpoint.every_n_train_steps={resume_step}"]

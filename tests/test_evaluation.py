@@ -26,7 +26,7 @@ from data.tokenizers import ByteTokenizer
 from evaluation.corpus_cloze import TASK_NAME, build_corpus_cloze_task
 from evaluation.harness import evaluate
 from evaluation.lm_adapter import LlamaLM
-from launch.errors import DataError
+from common.errors import DataError
 from lightning_modules.hf_interop import save_hf_pretrained
 from lightning_modules.llama import Llama, LlamaConfig
 from tests.run_helpers import REPO, TINY, run_train

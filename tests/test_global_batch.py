@@ -2,7 +2,7 @@
 
 import pytest
 
-from launch.errors import CheckpointError, ConfigError
+from common.errors import CheckpointError, ConfigError
 from lightning_modules.global_batch import BatchConfig, GlobalBatch, micro_batch_size_for
 
 

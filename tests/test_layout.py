@@ -7,8 +7,8 @@ import torch
 import torch.nn.functional as F
 
 from lightning_modules.llama import Llama, LlamaConfig
-from lightning_modules.optim import parameter_groups
-from launch.errors import ConfigError
+from lightning_modules.optimizers.settings import decay_groups, trainable
+from common.errors import ConfigError
 from lightning_modules.parallelism import LayoutConfig, apply_layout, attention_backend
 from tests.run_helpers import default_settings
 
@@ -78,11 +78,11 @@ def test_forced_attention_backend_gives_the_same_logits(backend):
 def test_weight_decay_groups_do_not_depend_on_parameter_shapes():
     """Norm gains are never decayed, every matrix is, also once FSDP1 flattens them to 1-D."""
     model = Llama(CONFIG)
-    decayed, plain = parameter_groups(model, 0.1)
+    decayed, plain = decay_groups(trainable(model), model, 0.1)
     assert {id(p) for p in decayed["params"]} == {id(p) for p in model.parameters() if p.ndim == 2}
     assert len(plain["params"]) == 2 * CONFIG.n_layers + 1
     with torch.no_grad():  # what FSDP1's flat parameters look like to the optimizer
         for param in model.parameters():
             param.data = param.data.flatten()
-    decayed_flat, _ = parameter_groups(model, 0.1)
+    decayed_flat, _ = decay_groups(trainable(model), model, 0.1)
     assert [id(p) for p in decayed_flat["params"]] == [id(p) for p in decayed["params"]]

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from callbacks.seq_len_warmup.cutting import reshape, truncate
-from launch.errors import ConfigError
+from common.errors import ConfigError
 from launch.run_settings import check_config
 from tests.run_helpers import OBSERVED, TINY, MemoryLogger, checkpoint_weights, compose_config, fit_in_process, run_train
 

@@ -8,7 +8,7 @@ from scipy import stats
 
 from analysis.study import Spread, StudySpec, compare, judge, judge_claim, t_quantile
 from hydra_plugins.study_sweeper.study_sweeper import study_jobs
-from launch.errors import ConfigError
+from common.errors import ConfigError
 
 ARMS = {"small": ["batch.global_batch_size=16"], "large": ["batch.global_batch_size=64", "optimizer.lr=8e-3"]}
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from launch.builders import build_module, wandb_identity, wandb_tags
-from launch.errors import ConfigError
+from common.errors import ConfigError
 from launch.run_settings import check_config
 from lightning_modules.hf_interop import load_lightning_checkpoint
 from lightning_modules.llama import Llama

@@ -7,12 +7,14 @@ leaves no folder and no cache behind where it stopped before tokenizing.
 """
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-from tests.run_helpers import TINY, run_train, train_in_process
+from tests.run_helpers import REPO, TINY, run_train, train_in_process
 
 
 def error_lines(stderr: str) -> list[str]:
@@ -27,8 +29,12 @@ def error_lines(stderr: str) -> list[str]:
         (["optimizer.lr=abc"], "error: optimizer.lr='abc' must be a number."),
         (["optimizer.lr=-1"], "error: optimizer.lr=-1.0 must be > 0."),
         (["data.seq_len=4"], "error: data.seq_len must be an integer >= 8, got 4"),
-        (["optimiser.lr=1"], "error: Could not override 'optimiser.lr'"),
-        (["+experiment=nope"], "error: In 'train': Could not find 'experiment/nope'"),
+        (["optimiser.lr=1"], "error: optimiser.lr is not a setting; did you mean optimizer.lr?"),
+        (["+technique=adaptive_batch", "technique.adaptive_batch.max_batchsize=64"],
+         "technique.adaptive_batch.max_batchsize is not a setting; did you mean technique.adaptive_batch.max_global_batch_size?"),
+        (["+experiment=nope"], "error: In 'train': Could not find 'experiment/nope'; available options in 'experiment': adaptive_bs,"),
+        (["optimizer=sgd"], "Could not find 'optimizer/sgd'; available options in 'optimizer': adamw, muon (`python"),
+        (["init_from_hf=/no/such/folder"], "error: init_from_hf=/no/such/folder: /no/such/folder/config.json does not exist"),
         (["trainer.devices=2", "trainer.accelerator=cpu"], "need a distributed strategy: add strategy=ddp"),
         (["batch.micro_batch_size=3"], "batch.micro_batch_size=3 does not divide each rank's share"),
         (["+technique=diloco", "technique.diloco.replicas=0"], "technique.diloco.replicas=0"),
@@ -40,6 +46,7 @@ def test_setting_mistakes_are_one_line_before_any_work(overrides, message, tmp_p
     assert code == 2, stderr[-3000:]
     lines = error_lines(stderr)
     assert len(lines) == 1 and message in lines[0], stderr[-3000:]
+    assert "search path" not in lines[0] and "To append" not in lines[0]
     assert not (tmp_path / "cache").exists() and not (tmp_path / "run").exists()
 
 
@@ -61,6 +68,8 @@ def test_data_mistakes_name_the_file_and_the_fix(tmp_path):
         code, stderr = train_in_process(TINY + overrides, tmp_path / name, tmp_path / f"cache_{name}")
         lines = error_lines(stderr)
         assert code == 2 and len(lines) == 1 and message in lines[0], (name, stderr[-3000:])
+        # Found before the default logger (W&B) started: no run folder, no W&B output.
+        assert not (tmp_path / name).exists() and "wandb" not in stderr, (name, stderr[-3000:])
 
 
 @pytest.fixture(scope="module")
@@ -89,6 +98,19 @@ def test_checkpoint_mistakes_are_refused_naming_the_setting(overrides, message, 
     code, stderr = train_in_process(TINY + ["trainer.max_steps=3", "logger=none"] + overrides, tmp_path / "run", cache)
     lines = error_lines(stderr)
     assert code == 2 and len(lines) == 1 and message in lines[0], stderr[-3000:]
+
+
+def test_evaluate_refuses_a_truncated_checkpoint_in_one_line(checkpoint, tmp_path):
+    ckpt, _ = checkpoint
+    truncated = tmp_path / "truncated.ckpt"
+    truncated.write_bytes(ckpt.read_bytes()[:4096])
+    result = subprocess.run([sys.executable, str(REPO / "scripts" / "evaluate.py"), str(truncated), "--tasks", "corpus_cloze"],
+                            capture_output=True, text=True, cwd=REPO)  # fmt: skip
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert result.stderr.strip().splitlines() == [
+        f"error: {truncated} is not a readable checkpoint (RuntimeError: PytorchStreamReader failed reading zip archive:"
+        " failed finding central directory)"
+    ]
 
 
 def test_resume_applies_a_new_learning_rate_and_batch_and_says_so(checkpoint, tmp_path):

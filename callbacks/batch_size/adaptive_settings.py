@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, ClassVar
 from callbacks.batch_size.lr_scaling import LRScaling, check_lr_scaling, lr_scaling_for
 from callbacks.batch_size.noise_tests import TESTS
 from callbacks.technique import RunContext, TechniqueSettings
-from launch.errors import ConfigError
+from common.errors import ConfigError
 
 if TYPE_CHECKING:
     from callbacks.batch_size.adaptive import AdaptiveBatchSize

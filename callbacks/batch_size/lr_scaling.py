@@ -14,7 +14,7 @@ checkpoints hold, so a resumed run continues with the same learning rate. It is 
 
 from dataclasses import dataclass
 
-from launch.errors import ConfigError
+from common.errors import ConfigError
 
 LR_SCALINGS = {"none": 0.0, "sqrt": 0.5, "linear": 1.0}
 

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, ClassVar
 
 from callbacks.batch_size.lr_scaling import LRScaling, check_lr_scaling, lr_scaling_for
 from callbacks.technique import RunContext, TechniqueSettings
-from launch.errors import ConfigError
+from common.errors import ConfigError
 from lightning_modules.clock import TrainingClock
 
 if TYPE_CHECKING:

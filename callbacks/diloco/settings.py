@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from callbacks.diloco.exchange import COMPRESSIONS
 from callbacks.technique import RunContext, TechniqueSettings
-from launch.errors import ConfigError
+from common.errors import ConfigError
 
 if TYPE_CHECKING:
     import torch

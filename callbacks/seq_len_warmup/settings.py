@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
 from callbacks.technique import RunContext, TechniqueSettings
-from launch.errors import ConfigError
+from common.errors import ConfigError
 
 if TYPE_CHECKING:
     from callbacks.seq_len_warmup.callback import SequenceLengthWarmup

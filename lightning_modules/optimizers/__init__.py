@@ -1,0 +1,1 @@
+"""Optimizers: one settings class and one config file (``conf/optimizer/NAME.yaml``) each."""

@@ -1,0 +1,155 @@
+"""Muon on the hidden weight matrices, AdamW on the rest (``optimizer=muon``).
+
+Muon (Jordan et al. 2024) replaces each hidden matrix's momentum update by its nearest
+semi-orthogonal matrix, computed with a few Newton-Schulz iterations; Moonlight (Liu et al.
+2025, arXiv 2502.16982) trained Llama-style models with it to a given loss on markedly fewer
+tokens than AdamW. ``torch.optim.Muon`` does the work; this file only decides which
+parameters it gets and steps it together with AdamW:
+
+- **Muon**: every ``nn.Linear`` weight inside the transformer blocks (attention q, k, v, o
+  and MLP gate, up, down projections);
+- **AdamW**: the token embedding and the output head (decayed) and the RMSNorm gains (not
+  decayed), as Muon is meant for hidden 2-D matrices only.
+
+``adjust_lr_fn: match_rms_adamw`` (Moonlight's rule) scales Muon's rate for an A x B matrix
+by 0.2 sqrt(max(A, B)), which gives its update the RMS of a typical AdamW update: one peak
+learning rate, one weight decay and one schedule then drive both groups.
+
+Sharding: under DDP every rank steps whole matrices on the all-reduced gradient. Under
+FSDP2 each rank holds a row shard of every matrix as a DTensor; the Newton-Schulz iteration
+(matrix products and a norm over the whole matrix) runs on those DTensors, and DTensor
+gathers the shards the products need, so every rank computes the update of the whole
+matrix and keeps its own rows (tested: 2 ranks take the same steps as one process). This
+costs an all-gather of each matrix's update per step, like a forward pass's weights. FSDP1
+flattens parameters into 1-D shards, so Muon cannot see matrices there: refused.
+"""
+
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import torch
+from torch import nn
+
+from common.errors import ConfigError
+from lightning_modules.llama import TransformerBlock
+from lightning_modules.optimizers.settings import OptimizerSettings, check_betas, decay_groups, trainable
+
+ADJUST_LR = ("match_rms_adamw", "original")
+
+
+def hidden_matrices(model: nn.Module) -> list[nn.Parameter]:
+    """The weights of the linear layers inside the transformer blocks."""
+    return [
+        module.weight
+        for block in model.modules() if isinstance(block, TransformerBlock)
+        for module in block.modules() if isinstance(module, nn.Linear) and module.weight.requires_grad
+    ]  # fmt: skip
+
+
+class MuonWithAdamW(torch.optim.Optimizer):
+    """A ``torch.optim.Muon`` and a ``torch.optim.AdamW`` stepped as one optimizer.
+
+    Their parameter groups (Muon's first) and their per-parameter state are this optimizer's
+    own, shared by reference, so the training module (which sets every group's learning
+    rate), checkpoints (``state_dict``, also through distributed checkpointing) and DiLoCo
+    (which swaps ``state`` between simulated replicas) see one optimizer.
+    """
+
+    def __init__(self, muon: torch.optim.Muon, adamw: torch.optim.AdamW) -> None:
+        self.muon, self.adamw = muon, adamw
+        self._muon_groups = len(muon.param_groups)
+        super().__init__([*muon.param_groups, *adamw.param_groups], defaults={})
+        self._link()
+
+    @property
+    def state(self) -> Any:
+        return self.__dict__["_state"]
+
+    @state.setter
+    def state(self, value: Any) -> None:
+        self.__dict__["_state"] = value
+        for inner in ("muon", "adamw"):
+            if inner in self.__dict__:
+                self.__dict__[inner].state = value
+
+    def _link(self) -> None:
+        """Share this optimizer's groups and state with the two it steps."""
+        self.muon.param_groups = self.param_groups[: self._muon_groups]
+        self.adamw.param_groups = self.param_groups[self._muon_groups :]
+        self.state = self.state
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**super().__getstate__(), "muon": self.muon, "adamw": self.adamw, "_muon_groups": self._muon_groups}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        """``load_state_dict`` ends here with new groups and state: share them again."""
+        state = dict(state)
+        value = state.pop("state")
+        super().__setstate__(state)
+        self.state = value
+        self._link()
+
+    @torch.no_grad()
+    def step(self, closure: Any = None) -> Any:
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        self.muon.step()
+        self.adamw.step()
+        return loss
+
+
+@dataclass(kw_only=True)
+class MuonSettings(OptimizerSettings):
+    """``conf/optimizer/muon.yaml``: Muon's momentum, Nesterov, Newton-Schulz steps and LR rule;
+    AdamW's betas and eps for the other parameters; the shared LR, weight decay and clipping."""
+
+    kind: ClassVar[str] = "muon"
+
+    momentum: float
+    nesterov: bool
+    ns_steps: int
+    adjust_lr_fn: str
+    betas: list[float]
+    eps: float
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_betas(self.betas)
+        if not 0.0 <= self.momentum < 1.0:
+            raise ConfigError(f"optimizer.momentum={self.momentum} must lie in [0, 1).")
+        if not 1 <= self.ns_steps < 100:
+            raise ConfigError(f"optimizer.ns_steps={self.ns_steps} must lie in [1, 99].")
+        if self.adjust_lr_fn not in ADJUST_LR:
+            raise ConfigError(f"optimizer.adjust_lr_fn={self.adjust_lr_fn!r} is unknown; choose one of {ADJUST_LR}.")
+
+    def check(self, strategy: str) -> None:
+        if strategy == "fsdp":
+            raise ConfigError(
+                "optimizer=muon needs whole matrices, but strategy=fsdp (FSDP1) flattens parameters into 1-D"
+                " shards: use strategy=fsdp2 or strategy=ddp."
+            )
+
+    def build(self, model: nn.Module, fused: bool) -> MuonWithAdamW:
+        hidden = hidden_matrices(model)
+        muon_ids = {id(p) for p in hidden}
+        rest = [p for p in trainable(model) if id(p) not in muon_ids]
+        muon = torch.optim.Muon(
+            [{"params": hidden, "name": "muon"}], lr=self.lr, weight_decay=self.weight_decay, momentum=self.momentum,
+            nesterov=self.nesterov, ns_steps=self.ns_steps, adjust_lr_fn=self.adjust_lr_fn,
+        )  # fmt: skip
+        decayed, gains = decay_groups(rest, model, self.weight_decay)
+        fused = fused and all(p.device.type == "cuda" for p in rest)
+        adamw = torch.optim.AdamW(
+            [{**decayed, "name": "adamw"}, {**gains, "name": "adamw_no_decay"}], lr=self.lr, betas=tuple(self.betas),
+            eps=self.eps, fused=fused or None,
+        )  # fmt: skip
+        return MuonWithAdamW(muon, adamw)
+
+    def apply(self, optimizer: torch.optim.Optimizer) -> None:
+        muon, decayed, gains = optimizer.param_groups
+        muon.update(weight_decay=self.weight_decay, momentum=self.momentum, nesterov=self.nesterov,
+                    ns_steps=self.ns_steps, adjust_lr_fn=self.adjust_lr_fn)  # fmt: skip
+        for group, decay in ((decayed, self.weight_decay), (gains, 0.0)):
+            group.update(betas=tuple(self.betas), eps=self.eps, weight_decay=decay)

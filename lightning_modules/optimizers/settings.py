@@ -1,0 +1,76 @@
+"""What every optimizer's settings provide, and which parameters are decayed.
+
+An optimizer is chosen with the ``optimizer`` config group (``optimizer=adamw``, the
+default, or ``optimizer=muon``); its file names the settings class in ``_target_`` and lists
+every setting with its default. The settings check themselves when the config is read,
+before any heavy import, build the ``torch.optim.Optimizer`` over the laid-out model, and put
+their values back into an optimizer restored from a checkpoint. The training module sets
+the learning rate of every parameter group at every step; ``kind`` is saved in checkpoints,
+and a run resumed with another kind is refused.
+
+Weight decay applies to every weight matrix (the attention and MLP projections, the input
+embedding and the output head); RMSNorm gains are not decayed, because shrinking a
+per-channel scale towards zero only fights the normalisation. Parameters are told apart by
+the module that owns them, not by their shape: FSDP1 (``use_orig_params``) turns every
+parameter into a 1-D piece of its flat shard. Tied embeddings appear once.
+"""
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+from torch import nn
+
+from common.errors import ConfigError
+from lightning_modules.llama import RMSNorm
+
+
+@dataclass(kw_only=True)
+class OptimizerSettings(ABC):
+    """Settings every optimizer has: the peak learning rate, weight decay and clipping."""
+
+    #: Saved in checkpoints; resuming with another kind is refused.
+    kind: ClassVar[str]
+
+    lr: float
+    weight_decay: float
+    grad_clip: float | None
+
+    def __post_init__(self) -> None:
+        if self.lr <= 0:
+            raise ConfigError(f"optimizer.lr={self.lr} must be > 0.")
+        if self.weight_decay < 0:
+            raise ConfigError(f"optimizer.weight_decay={self.weight_decay} must be >= 0.")
+        if self.grad_clip is not None and self.grad_clip <= 0:
+            raise ConfigError(f"optimizer.grad_clip={self.grad_clip} must be > 0, or null to disable clipping.")
+
+    def check(self, strategy: str) -> None:
+        """Raise ``ConfigError`` if the optimizer cannot work under this strategy."""
+
+    @abstractmethod
+    def build(self, model: nn.Module, fused: bool) -> torch.optim.Optimizer:
+        """The optimizer over the model's trainable parameters (``fused``: the layout asks for
+        fused kernels where they exist)."""
+
+    @abstractmethod
+    def apply(self, optimizer: torch.optim.Optimizer) -> None:
+        """Put these settings (all but the learning rate) into an optimizer restored from a checkpoint."""
+
+
+def check_betas(betas: list[float]) -> None:
+    if len(betas) != 2 or not all(0.0 <= b < 1.0 for b in betas):
+        raise ConfigError(f"optimizer.betas={list(betas)} must be two numbers in [0, 1).")
+
+
+def decay_groups(parameters: list[nn.Parameter], model: nn.Module, weight_decay: float) -> list[dict]:
+    """``parameters`` split into decayed (weight matrices) and non-decayed (norm gains) groups."""
+    gains = {id(p) for module in model.modules() if isinstance(module, RMSNorm) for p in module.parameters()}
+    return [
+        {"params": [p for p in parameters if id(p) not in gains], "weight_decay": weight_decay},
+        {"params": [p for p in parameters if id(p) in gains], "weight_decay": 0.0},
+    ]
+
+
+def trainable(model: nn.Module) -> list[nn.Parameter]:
+    return [p for p in model.parameters() if p.requires_grad]

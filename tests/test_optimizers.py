@@ -1,0 +1,164 @@
+"""The optimizer group: AdamW as it was (bit for bit), Muon against a float64 reference, resume rules."""
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+from analysis.runs import load_run
+from lightning_modules.llama import Llama, LlamaConfig
+from lightning_modules.optimizers.muon import MuonSettings, hidden_matrices
+from tests.run_helpers import REPO, TINY, compose_config, run_train
+
+REFERENCE = json.loads((REPO / "tests" / "data" / "default_recipe_reference.json").read_text())
+
+
+def test_optimizer_adamw_is_the_default_recipe_bit_for_bit(tmp_path, tmp_path_factory):
+    """The first 8 steps of the default run, against losses stored before the optimizer group existed."""
+    run_dir = tmp_path / "run"
+    result = run_train(["optimizer=adamw", *REFERENCE["overrides"]], run_dir, tmp_path_factory.getbasetemp() / "default_cache")
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = [row for row in load_run(run_dir).rows if "train/loss" in row]
+    for key in ("train/loss", "train/grad_norm", "train/lr"):
+        assert [row[key] for row in rows] == REFERENCE[key], key
+    assert [row for row in load_run(run_dir).rows if "val/loss" in row][-1]["val/loss"] == REFERENCE["val/loss"]
+
+
+NS_COEFFICIENTS = (3.4445, -4.7750, 2.0315)  # Jordan et al.'s quintic iteration
+
+
+def newton_schulz_float64(update: torch.Tensor, steps: int = 5, eps: float = 1e-7) -> torch.Tensor:
+    """X <- a X + b (X X^T) X + c (X X^T)^2 X from X = U / ||U||_F, on the wide orientation."""
+    a, b, c = NS_COEFFICIENTS
+    x = update.double()
+    tall = x.shape[0] > x.shape[1]
+    x = x.T if tall else x
+    x = x / max(x.norm().item(), eps)
+    for _ in range(steps):
+        gram = x @ x.T
+        x = a * x + (b * gram + c * gram @ gram) @ x
+    return x.T if tall else x
+
+
+def tiny_model() -> Llama:
+    torch.manual_seed(0)
+    return Llama(LlamaConfig(vocab_size=64, n_layers=2, d_model=32, n_heads=4, n_kv_heads=2, mlp_hidden=96))
+
+
+def muon_settings(**overrides) -> MuonSettings:
+    values = dict(lr=0.02, weight_decay=0.1, grad_clip=1.0, momentum=0.95, nesterov=True, ns_steps=5,
+                  adjust_lr_fn="match_rms_adamw", betas=[0.9, 0.95], eps=1e-8)  # fmt: skip
+    return MuonSettings(**{**values, **overrides})
+
+
+def test_two_muon_steps_equal_the_float64_reference_and_adamw_its_own():
+    """Two steps on random (well-conditioned) gradients, so momentum and Nesterov matter. torch
+    runs Newton-Schulz in bfloat16, so each Muon matrix's update is within 3% (relative
+    Frobenius) of the float64 iteration; the other parameters equal a plain AdamW exactly."""
+    model, twin = tiny_model(), tiny_model()
+    generator = torch.Generator().manual_seed(1)
+    steps = [{name: torch.randn(p.shape, generator=generator) for name, p in model.named_parameters()} for _ in range(2)]
+    optimizer = muon_settings().build(model, fused=False)
+    names = {id(p): name for name, p in model.named_parameters()}
+    hidden = {names[id(p)] for p in hidden_matrices(model)}
+    assert len(hidden) == 2 * 7  # q, k, v, o, gate, up, down in each of 2 blocks
+    plain = torch.optim.AdamW([{"params": [p for n, p in twin.named_parameters() if n not in hidden and "norm" not in n],
+                                "weight_decay": 0.1},
+                               {"params": [p for n, p in twin.named_parameters() if "norm" in n], "weight_decay": 0.0}],
+                              lr=0.02, betas=(0.9, 0.95), eps=1e-8)  # fmt: skip
+    expected = {name: p.detach().double().clone() for name, p in model.named_parameters() if name in hidden}
+    momentum = {name: torch.zeros_like(w) for name, w in expected.items()}
+    for grads in steps:
+        for name, p in [*model.named_parameters(), *twin.named_parameters()]:
+            p.grad = grads[name].clone()
+        optimizer.step()
+        plain.step()
+        for name, weight in expected.items():
+            grad = grads[name].double()
+            momentum[name] = 0.95 * momentum[name] + 0.05 * grad  # torch's lerp towards the gradient
+            nesterov = grad + 0.95 * (momentum[name] - grad)
+            adjusted = 0.02 * 0.2 * math.sqrt(max(weight.shape))  # Moonlight's RMS match
+            expected[name] = weight * (1 - 0.02 * 0.1) - adjusted * newton_schulz_float64(nesterov)
+    for name, p in model.named_parameters():
+        if name in hidden:
+            step = p.detach().double() - steps_start(twin, name)
+            reference = expected[name] - steps_start(twin, name)
+            assert (step - reference).norm() <= 0.03 * reference.norm(), name
+        else:
+            assert torch.equal(p, dict(twin.named_parameters())[name]), name
+
+
+def steps_start(twin: Llama, name: str) -> torch.Tensor:
+    """The hidden matrix before any step (the twin's Muon matrices are never stepped)."""
+    return dict(twin.named_parameters())[name].detach().double()
+
+
+def test_muon_takes_the_hidden_matrices_and_adamw_the_rest():
+    model = tiny_model()
+    optimizer = muon_settings().build(model, fused=False)
+    muon, decayed, gains = optimizer.param_groups
+    names = {id(p): name for name, p in model.named_parameters()}
+    assert all(".attention." in names[id(p)] or ".mlp." in names[id(p)] for p in muon["params"])
+    assert sorted(names[id(p)] for p in decayed["params"]) == ["output.weight", "tok_embeddings.weight"]
+    assert all(names[id(p)].endswith("norm.weight") for p in gains["params"]) and gains["weight_decay"] == 0.0
+    assert len(muon["params"]) + len(decayed["params"]) + len(gains["params"]) == len(list(model.parameters()))
+
+
+MUON = [*TINY, "optimizer=muon", "trainer.max_steps=4", "logger=csv", "callbacks.model_checkpoint.every_n_train_steps=2"]
+
+
+def losses(run_dir: Path) -> list[float]:
+    return [row["train/loss"] for row in load_run(run_dir).rows if "train/loss" in row]
+
+
+@pytest.fixture(scope="module")
+def one_process(tmp_path_factory) -> Path:
+    run_dir = tmp_path_factory.mktemp("muon") / "one"
+    result = run_train(MUON, run_dir, tmp_path_factory.getbasetemp() / "cache")
+    assert result.returncode == 0, result.stderr[-3000:]
+    return run_dir
+
+
+@pytest.mark.parametrize(("strategy", "atol"), [("ddp", 1e-6), ("fsdp2", 1e-4)])
+def test_two_ranks_take_the_steps_of_one_process(strategy, atol, one_process, tmp_path, tmp_path_factory):
+    """DDP steps whole matrices on the averaged gradient; FSDP2 runs Newton-Schulz on row-sharded
+    DTensors (bfloat16 products over gathered shards: equal to 1e-4)."""
+    overrides = [*MUON, f"strategy={strategy}", "trainer.devices=2", "trainer.accelerator=cpu"]
+    result = run_train(overrides, tmp_path / "two", tmp_path_factory.getbasetemp() / "cache")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert losses(tmp_path / "two") == pytest.approx(losses(one_process), abs=atol)
+    rates = [row for row in load_run(tmp_path / "two").rows if "train/lr/muon" in row]
+    assert rates and all(row["train/lr/muon"] == row["train/lr/adamw"] == row["train/lr"] for row in rates)
+
+
+def test_a_muon_run_resumes_exactly_and_refuses_another_optimizer(one_process, tmp_path, tmp_path_factory):
+    cache = tmp_path_factory.getbasetemp() / "cache"
+    checkpoint = one_process / "checkpoints" / "step000002.ckpt"
+    resumed = run_train([*MUON, f"ckpt_path={checkpoint}"], tmp_path / "resumed", cache)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert losses(tmp_path / "resumed") == losses(one_process)[2:]
+    other = run_train([*MUON, "optimizer=adamw", f"ckpt_path={checkpoint}"], tmp_path / "other", cache)
+    assert other.returncode == 2
+    assert other.stderr.strip().splitlines()[-1] == (
+        f"error: ckpt_path={checkpoint} was trained with optimizer=muon, but this run has optimizer=adamw;"
+        " resume with optimizer=muon, or start a new run without ckpt_path."
+    )
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["optimizer=muon", "optimizer.adjust_lr_fn=spectral"], "optimizer.adjust_lr_fn='spectral' is unknown"),
+        (["optimizer=muon", "optimizer.momentum=1.5"], "optimizer.momentum=1.5 must lie in [0, 1)"),
+        (["optimizer=muon", "strategy=fsdp", "trainer=gpu"], "optimizer=muon needs whole matrices"),
+        (["optimizer.lr=-1"], "optimizer.lr=-1.0 must be > 0"),
+    ],
+)
+def test_optimizer_mistakes_name_the_key(overrides, message, tmp_path):
+    from common.errors import ConfigError
+    from launch.run_settings import check_config
+
+    with pytest.raises(ConfigError, match=message.replace("[", r"\[").replace("(", r"\(").replace(")", r"\)")):
+        check_config(compose_config(TINY + overrides, tmp_path))
