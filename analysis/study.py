@@ -156,13 +156,12 @@ class Spread:
         return statistics.stdev(self.values) if self.n > 1 else 0.0
 
     def __str__(self) -> str:
-        return f"{_number(self.mean)} ± {_number(self.std)}"
-
-
-def _number(value: float) -> str:
-    if float(value).is_integer() or abs(value) >= 1000:
-        return f"{value:,.0f}"
-    return f"{value:.4f}" if abs(value) < 10 else f"{value:.1f}"
+        """Mean ± std, both at the mean's precision: whole numbers for counts and anything
+        >= 1000, one decimal from 10, four below."""
+        if all(float(v).is_integer() for v in self.values) or abs(self.mean) >= 1000:
+            return f"{self.mean:,.0f} ± {self.std:,.0f}"
+        decimals = 1 if abs(self.mean) >= 10 else 4
+        return f"{self.mean:.{decimals}f} ± {self.std:.{decimals}f}"
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
 from lightning_modules.global_batch import BatchConfig, GlobalBatch
+from lightning_modules.lr_schedule import LRScheduleConfig
 
 if TYPE_CHECKING:
     from callbacks.step_callback import StepCallback
@@ -36,6 +37,7 @@ class RunContext:
     accelerator: str
     batch: BatchConfig
     token_budget: int | None
+    lr_schedule: LRScheduleConfig
     max_steps: int
     seq_len: int
     save_distributed_checkpoint: bool

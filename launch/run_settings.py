@@ -131,6 +131,7 @@ def check_config(cfg: DictConfig, processes: int | None = None) -> RunSettings:
         accelerator=str(cfg.trainer.get("accelerator", "auto")),
         batch=batch,
         token_budget=top["token_budget"],
+        lr_schedule=lr_schedule,
         max_steps=coerce(plain(cfg.trainer.get("max_steps", -1)), int, "trainer.max_steps"),
         seq_len=_seq_len(cfg),
         save_distributed_checkpoint=bool(cfg.strategy.get("save_distributed_checkpoint", False)),

@@ -72,11 +72,15 @@ def learning_rate(
         warm = min(1.0, tokens / config.warmup_tokens)
     else:
         warm = 1.0
+    return peak * warm * decay_factor(config, tokens, token_budget)
+
+
+def decay_factor(config: LRScheduleConfig, tokens: int, token_budget: int | None) -> float:
+    """floor + (1 - floor) s(p): the schedule's decay at this token count, warmup aside."""
     if config.name == "constant":
-        shape = 1.0
-    elif not token_budget:
+        return 1.0
+    if not token_budget:
         raise ConfigError(f"lr_schedule.name={config.name!r} decays to the token budget: set token_budget.")
-    else:
-        start = config.warmup_tokens
-        shape = decay_shape(config.name, (tokens - start) / max(token_budget - start, 1), config.decay_fraction)
-    return peak * warm * (config.min_lr_ratio + (1.0 - config.min_lr_ratio) * shape)
+    start = config.warmup_tokens
+    shape = decay_shape(config.name, (tokens - start) / max(token_budget - start, 1), config.decay_fraction)
+    return config.min_lr_ratio + (1.0 - config.min_lr_ratio) * shape

@@ -16,8 +16,9 @@ What it holds:
   ``request_global_batch``;
 - **the training sequence length**: ``set_sequence_cutter`` installs how rows are cut
   (sequence-length warmup does), ``seq_len`` is what the last micro-batch trained on;
-- **the learning rate's batch scaling**: ``set_lr_scaling`` installs a factor on the
-  scheduled learning rate as a function of the global batch (batch techniques do);
+- **the learning rate's scaling**: ``set_lr_scaling`` installs a factor on the scheduled
+  learning rate, a function of this state (batch techniques scale it with the global
+  batch; Seesaw with the token count);
 - **the step in progress**: the micro-batch index, the step's loss once it is done,
   whether this is the last step;
 - **metrics**: ``record_metric`` (values may stay on the device: they are read once, on
@@ -40,7 +41,7 @@ from lightning_modules.parallelism import LayoutConfig
 
 Batch = dict[str, torch.Tensor]
 SequenceCutter = Callable[[Batch], Batch]
-LRScaling = Callable[[int], float]  # global batch -> factor on the scheduled learning rate
+LRScaling = Callable[["TrainingState"], float]  # the state -> factor on the scheduled learning rate
 MetricValue = float | int | torch.Tensor
 
 
@@ -148,13 +149,16 @@ class TrainingState:
         return self._cut(batch)
 
     def set_lr_scaling(self, scaling: LRScaling) -> None:
-        """Install the factor on the scheduled learning rate as a function of the global batch."""
+        """Install the factor on the scheduled learning rate, read at every optimizer step.
+
+        It must be a function of what checkpoints restore (the global batch, the clock), so
+        that a resumed run continues with the same learning rate."""
         self._lr_scaling = scaling
 
     @property
     def lr_scale(self) -> float | None:
-        """The factor for the current global batch, or None when no scaling is installed."""
-        return None if self._lr_scaling is None else self._lr_scaling(self.global_batch.size)
+        """The factor for the step in progress, or None when no scaling is installed."""
+        return None if self._lr_scaling is None else self._lr_scaling(self)
 
     # ------------------------------------------------------------------ metrics
     def record_metric(self, name: str, value: MetricValue) -> None:

@@ -1,5 +1,7 @@
 """Batch-size decisions and baseline schedules against values worked out by hand."""
 
+import math
+
 import pytest
 
 from analysis.runs import load_run
@@ -105,7 +107,7 @@ def test_stagewise_warmup_splits_the_token_budget_evenly(tmp_path):
 def test_lr_scaling_follows_the_batch_from_its_starting_size(rule, power):
     scaling = lr_scaling_for(rule, reference=16)
     for size in (16, 32, 48, 128):
-        factor = 1.0 if scaling is None else scaling(size)
+        factor = 1.0 if scaling is None else scaling.factor(size)
         assert factor == pytest.approx((size / 16) ** power, rel=1e-15)
 
 
@@ -159,3 +161,59 @@ def test_impossible_settings_are_config_errors_naming_the_key(overrides, message
     with pytest.raises(ConfigError) as error:
         check_config(compose_config(TINY + overrides, tmp_path))
     assert message in str(error.value)
+
+
+def seesaw_settings(tmp_path, *overrides):
+    cfg = compose_config(TINY + ["+technique=seesaw", "lr_schedule.warmup_steps=0", "token_budget=1000",
+                                 "batch.max_global_batch_size=64", *overrides], tmp_path)  # fmt: skip
+    settings = check_config(cfg)
+    return settings.techniques["seesaw"], settings.run
+
+
+def test_seesaw_trades_each_lr_cut_for_a_batch_increase(tmp_path):
+    """Meterez et al.'s rule against the run's cosine (to 0.1) written out: after k halvings of
+    the scheduled rate, batch 8 x 2^k and LR x 2^(-k/2); beyond the cap (64 = 8 x 2^3) the LR
+    takes the cuts in full."""
+    seesaw, run = seesaw_settings(tmp_path)
+    seen = set()
+    for tokens in range(0, 1001, 5):
+        reference = 0.1 + 0.9 * (1 + math.cos(math.pi * tokens / 1000)) / 2
+        k = 0
+        while reference < 2.0 ** -(k + 1) - 1e-12:
+            k += 1
+        batch_cuts = min(k, 3)
+        assert seesaw.size_at(TrainingClock(tokens=tokens), run) == 8 * 2**batch_cuts, tokens
+        assert seesaw.lr_factor(tokens, run) == pytest.approx(2.0 ** (-batch_cuts / 2 - (k - batch_cuts))), tokens
+        seen.add(k)
+    assert seen == {0, 1, 2, 3}  # cosine to 0.1 halves the rate three times
+
+
+def test_seesaw_settings_are_checked_and_a_constant_schedule_has_no_cuts(tmp_path):
+    with pytest.raises(ConfigError, match="factor=1.0 must be > 1"):
+        seesaw_settings(tmp_path, "technique.seesaw.factor=1")
+    with pytest.raises(ConfigError, match=r"start x factor\^3=27 is not a multiple of micro_batch x ranks = 2"):
+        seesaw_settings(tmp_path, "technique.seesaw.factor=1.5")
+    seesaw, run = seesaw_settings(tmp_path, "lr_schedule.name=constant")
+    assert {seesaw.size_at(TrainingClock(tokens=t), run) for t in range(0, 1001, 50)} == {8}
+
+
+def test_a_seesaw_run_logs_the_rule_and_resumes_exactly(tmp_path, tmp_path_factory):
+    cache = tmp_path_factory.getbasetemp() / "cache"
+    overrides = TINY + ["+technique=seesaw", "lr_schedule.warmup_steps=0", "token_budget=6000",
+                        "batch.max_global_batch_size=32", "logger=csv", "callbacks.model_checkpoint.every_n_train_steps=5"]  # fmt: skip
+    full = run_train(overrides, tmp_path / "full", cache)
+    assert full.returncode == 0, full.stderr[-3000:]
+    rows = [row for row in load_run(tmp_path / "full").rows if "train/lr" in row]
+    assert {row["train/global_batch_size"] for row in rows} == {8, 16, 32}
+    for row in rows:  # the rule at the tokens seen when the step started (32 tokens a row)
+        start = row["train/tokens_seen"] - 32 * row["train/global_batch_size"]
+        reference = 0.1 + 0.9 * (1 + math.cos(math.pi * start / 6000)) / 2
+        k = math.floor(math.log2(1 / reference) + 1e-9)
+        assert row["train/global_batch_size"] == 8 * 2 ** min(k, 2)
+        assert row["train/lr"] == pytest.approx(4e-3 * 2.0 ** (-min(k, 2) / 2 - max(k - 2, 0)), rel=1e-12)
+    resumed = run_train(overrides + [f"ckpt_path={tmp_path / 'full/checkpoints/step000005.ckpt'}"], tmp_path / "resumed", cache)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    again = [row for row in load_run(tmp_path / "resumed").rows if "train/lr" in row]
+    assert [(r["step"], r["train/lr"], r["train/global_batch_size"], r["train/loss"]) for r in again] == [
+        (r["step"], r["train/lr"], r["train/global_batch_size"], r["train/loss"]) for r in rows if r["step"] > 5
+    ]

@@ -13,8 +13,12 @@ checkpoints hold, so a resumed run continues with the same learning rate. It is 
 """
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from common.errors import ConfigError
+
+if TYPE_CHECKING:
+    from lightning_modules.training_state import TrainingState
 
 LR_SCALINGS = {"none": 0.0, "sqrt": 0.5, "linear": 1.0}
 
@@ -31,8 +35,11 @@ class LRScaling:
     rule: str
     reference: int
 
-    def __call__(self, global_batch: int) -> float:
+    def factor(self, global_batch: int) -> float:
         return (global_batch / self.reference) ** LR_SCALINGS[self.rule]
+
+    def __call__(self, state: "TrainingState") -> float:
+        return self.factor(state.global_batch.size)
 
 
 def lr_scaling_for(rule: str, reference: int) -> LRScaling | None:
