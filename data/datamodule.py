@@ -24,6 +24,7 @@ from data.packing import PackedRows
 from data.sampler import ResumableRankSampler, check_position
 from data.sources import DocumentSource, build_source
 from data.split import ValidationSplit
+from data.token_files import TokenFiles
 from data.token_cache import HF_DATASETS_SUBDIR, build_token_cache, cache_fingerprint, open_token_cache
 from data.tokenizers import Tokenizer, build_tokenizer, check_tokenizer_config
 from common.errors import CheckpointError, ConfigError, DataError
@@ -62,8 +63,13 @@ class TextDataModule(L.LightningDataModule):
         # checkpoint alone (evaluation, export) can rebuild its tokenizer and corpus.
         self.save_hyperparameters()
         _check_settings(seq_len, micro_batch_size, val_fraction, val_max_rows, shuffle, seed)
-        self.source: DocumentSource = build_source(as_plain_dict(source, "data.source"))
+        self.source: DocumentSource | TokenFiles = build_source(as_plain_dict(source, "data.source"))
         self.tokenizer_config = check_tokenizer_config(as_plain_dict(tokenizer, "data.tokenizer"))
+        if isinstance(self.source, TokenFiles) and self.tokenizer_config["kind"] == "bpe":
+            raise ConfigError(
+                "data.tokenizer.kind=bpe learns from text, and data.source.kind=tokens has none: declare the "
+                "tokenizer the files were written with (data.tokenizer.kind=byte, file or hf)"
+            )
         self.seq_len = seq_len
         self.micro_batch_size = micro_batch_size
         self.val_fraction = val_fraction
@@ -119,14 +125,22 @@ class TextDataModule(L.LightningDataModule):
     # -- Lightning hooks -----------------------------------------------------------------
 
     def prepare_data(self) -> None:
-        """Tokenize the corpus into the cache unless a complete cache exists (local rank 0 only)."""
-        build_token_cache(self.source, self.tokenizer, self.cache_dir, self.val_fraction)
+        """Tokenize the corpus into the cache unless a complete cache exists (local rank 0 only);
+        token files are checked against the tokenizer instead (once per file version)."""
+        if isinstance(self.source, TokenFiles):
+            self.source.check(self.tokenizer, self.cache_dir)
+        else:
+            build_token_cache(self.source, self.tokenizer, self.cache_dir, self.val_fraction)
 
     def setup(self, stage: str | None = None) -> None:
-        """Memory-map the cache and check that it holds enough rows for this packing and rank count."""
-        cache = open_token_cache(self.cache_dir / self.fingerprint)
-        self._train_rows = PackedRows(cache.train, self.seq_len)
-        self._val_rows = PackedRows(cache.val, self.seq_len)
+        """Memory-map the tokens and check that they hold enough rows for this packing and rank count."""
+        if isinstance(self.source, TokenFiles):
+            train, val = self.source.splits(self.val_fraction)
+        else:
+            cache = open_token_cache(self.cache_dir / self.fingerprint)
+            train, val = [cache.train], [cache.val]
+        self._train_rows = PackedRows(train, self.seq_len)
+        self._val_rows = PackedRows(val, self.seq_len)
         self._check_row_counts()
 
     def prepare(self, world_size: int) -> None:

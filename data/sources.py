@@ -8,7 +8,6 @@ never loaded at once. A source only describes *what* to read; reading starts in
 
 from __future__ import annotations
 
-import glob
 import importlib.resources
 import logging
 import os
@@ -19,16 +18,26 @@ from typing import Any
 
 from data.config_checks import check_kind_and_keys, one_line, optional_positive_int, required_string
 from data.corpus_checks import check_utf8, describe_files, json_problem
+from data.file_paths import resolve_paths
+from data.token_files import TokenFiles, token_files
 from common.errors import ConfigError, DataError
 
 SETTING = "data.source"
 CAP_KEYS = ("max_documents", "max_tokens")
 SOURCE_KEYS: dict[str, tuple[str, ...]] = {
     "embedded": ("kind", *CAP_KEYS),
-    "files": ("kind", "paths", "sample_by", "text_field", *CAP_KEYS),
+    "files": ("kind", "paths", "format", "sample_by", "text_field", *CAP_KEYS),
     "hub": ("kind", "name", "config_name", "split", "text_field", *CAP_KEYS),
+    "tokens": ("kind", "paths", "dtype", "val_paths", "eos_id"),
 }
-FILE_BUILDERS = {".txt": "text", ".json": "json", ".jsonl": "json", ".parquet": "parquet"}
+# Plain text comes under many names (Markdown and reStructuredText are read as the text they are).
+FILE_BUILDERS = {
+    **dict.fromkeys((".txt", ".text", ".md", ".markdown", ".rst"), "text"),
+    ".json": "json",
+    ".jsonl": "json",
+    ".parquet": "parquet",
+}
+FORMATS = ("text", "json", "parquet")
 SAMPLE_BY = ("paragraph", "line", "document")
 READ_BATCH = 1000
 DATASETS_JSON_LOGGER = "datasets.packaged_modules.json.json"
@@ -184,9 +193,15 @@ class DocumentSource:
         return DataError(f"no non-empty document in {self.label} (blank documents are skipped); {fix}")
 
 
-def build_source(cfg: Mapping[str, Any]) -> DocumentSource:
-    """Check a `data.source` mapping and describe the corpus it names, without reading it."""
+def build_source(cfg: Mapping[str, Any]) -> DocumentSource | TokenFiles:
+    """Check a `data.source` mapping and describe the corpus it names, without reading it.
+
+    Text becomes a `DocumentSource` (tokenized into the cache); token files written by
+    other tools are a `TokenFiles`, used in place.
+    """
     kind, settings = check_kind_and_keys(cfg, SETTING, SOURCE_KEYS, default_kind="embedded")
+    if kind == "tokens":
+        return token_files(settings)
     caps = {key: optional_positive_int(settings.get(key), f"{SETTING}.{key}") for key in CAP_KEYS}
     streams, description = {"embedded": _embedded, "files": _files, "hub": _hub}[kind](settings)
     if kind == "hub" and caps["max_documents"] is None and caps["max_tokens"] is None:
@@ -221,15 +236,18 @@ def _files(settings: Mapping[str, Any]) -> tuple[tuple[Stream, ...], dict[str, A
     Empty files are described (so adding text to one changes the cache key) but not read:
     they hold no document, and `datasets` fails on a format whose files are all empty.
     """
-    files = _resolve_paths(settings.get("paths"))
+    files = resolve_paths(settings.get("paths"), f"{SETTING}.paths")
     sample_by = settings.get("sample_by", "paragraph")
     if sample_by not in SAMPLE_BY:
         raise ConfigError(f"{SETTING}.sample_by={sample_by!r} is not valid; choose one of: {', '.join(SAMPLE_BY)}")
     text_field = _text_field(settings)
+    file_format = settings.get("format")
+    if file_format is not None and file_format not in FORMATS:
+        raise ConfigError(f"{SETTING}.format={file_format!r} is not valid; choose one of: {', '.join(FORMATS)} (or null: by extension)")
     stats = {path: os.stat(path) for path in files}
     by_builder: dict[str, list[str]] = {}
     for path in files:
-        builder = _builder_for(path)
+        builder = file_format or _builder_for(path)
         if stats[path].st_size:
             by_builder.setdefault(builder, []).append(path)
     streams = tuple(
@@ -241,7 +259,10 @@ def _files(settings: Mapping[str, Any]) -> tuple[tuple[Stream, ...], dict[str, A
         for builder, paths in by_builder.items()
     )
     versions = [(path, stat.st_size, stat.st_mtime_ns) for path, stat in stats.items()]
-    return streams, {"files": versions, "sample_by": sample_by, "text_field": text_field}
+    description = {"files": versions, "sample_by": sample_by, "text_field": text_field}
+    if file_format is not None:  # only when set, so that existing caches keep their keys
+        description["format"] = file_format
+    return streams, description
 
 
 def _hub(settings: Mapping[str, Any]) -> tuple[tuple[Stream, ...], dict[str, Any]]:
@@ -263,33 +284,12 @@ def _text_field(settings: Mapping[str, Any]) -> str:
     return required_string({"text_field": "text", **settings}, "text_field", SETTING)
 
 
-def _resolve_paths(patterns: Any) -> list[str]:
-    """Expand globs to absolute file paths; every pattern must match, so a typo is not silently skipped."""
-    if isinstance(patterns, str):
-        patterns = [patterns]
-    if not patterns or not all(isinstance(pattern, str) for pattern in patterns):
-        raise ConfigError(f"{SETTING}.paths must be a list of file paths or globs, got {patterns!r}")
-    files: dict[str, None] = {}  # ordered set: a file matched by two patterns is read once
-    for pattern in patterns:
-        matches = sorted(p for p in glob.glob(os.path.expanduser(pattern), recursive=True) if os.path.isfile(p))
-        if not matches:
-            raise DataError(_no_match_message(pattern))
-        files.update(dict.fromkeys(os.path.abspath(match) for match in matches))
-    return list(files)
-
-
-def _no_match_message(pattern: str) -> str:
-    where = f"{SETTING}.paths: {pattern!r} matches no file (working directory {os.getcwd()})"
-    if os.path.isdir(os.path.expanduser(pattern)):
-        return f"{where}; it is a folder: give a glob of its files, such as {os.path.join(pattern, '*.txt')!r}"
-    return f"{where}; fix the path or glob, or remove it"
-
-
 def _builder_for(path: str) -> str:
     suffix = Path(path).suffix.lower()
     if suffix not in FILE_BUILDERS:
         raise DataError(
             f"{SETTING}.paths: {path} has unsupported extension {suffix!r}; supported: {', '.join(FILE_BUILDERS)}; "
-            f"convert it to one of these or leave it out of {SETTING}.paths"
+            f"declare the format of such files with {SETTING}.format=text (or json, parquet), "
+            f"or leave it out of {SETTING}.paths"
         )
     return FILE_BUILDERS[suffix]

@@ -36,6 +36,7 @@ import numpy as np
 
 from data.fingerprint import digest_json
 from data.sources import DocumentSource
+from data.token_files import TokenFiles
 from data.split import ValidationSplit
 from data.tokenizers import Tokenizer
 from common.errors import DataError
@@ -59,8 +60,9 @@ class TokenCache:
     val: np.ndarray
 
 
-def cache_fingerprint(source: DocumentSource, tokenizer: Tokenizer, val_fraction: float) -> str:
-    """The cache key: what decides the token files' content, and only that."""
+def cache_fingerprint(source: DocumentSource | TokenFiles, tokenizer: Tokenizer, val_fraction: float) -> str:
+    """The cache key: what decides the token files' content, and only that (for token files used
+    in place, what decides the rows; checkpoints compare it on resume)."""
     return digest_json(
         {
             "version": CACHE_VERSION,

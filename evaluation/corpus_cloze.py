@@ -82,6 +82,11 @@ def build_corpus_cloze_task(
         raise ConfigError(f"{TASK_NAME}: the number of items k must be an integer >= 1, got {k!r}")
     cache_dir = Path(cache_dir if cache_dir is not None else data_settings["cache_dir"])
     source = build_source(as_plain_dict(data_settings["source"], "data.source"))
+    if not isinstance(source, DocumentSource):
+        raise ConfigError(
+            f"{TASK_NAME} cuts its items from held-out text, and data.source.kind=tokens has none: "
+            "use another evaluation task (evaluation.tasks) or evaluation=none"
+        )
     val_fraction = data_settings["val_fraction"]
     key = {"task": TASK_NAME, "version": FORMAT_VERSION, "source": source.description,
            "val_fraction": str(val_fraction), "k": k, "seed": seed}  # fmt: skip

@@ -24,6 +24,7 @@ from data.bpe import train_bpe
 from data.datamodule import TextDataModule
 from data.sampler import ResumableRankSampler
 from data.sources import build_source
+from common.errors import ConfigError
 from data.split import ValidationSplit
 from data.token_cache import build_token_cache, open_token_cache
 from data.tokenizers import ByteTokenizer, build_tokenizer
@@ -181,6 +182,21 @@ def test_text_files_split_into_paragraph_documents_skipping_empty_ones(tmp_path)
     cfg = {"kind": "files", "paths": [str(tmp_path / "*.txt")]}
     assert read_documents(cfg, tmp_path) == ["First para\nstill first.", "Second para.", "Third.\n", "Other file."]
     assert read_documents({**cfg, "sample_by": "line"}, tmp_path)[:2] == ["First para", "still first."]
+
+
+def test_markdown_and_rst_are_read_as_text_and_a_declared_format_overrides_the_extension(tmp_path):
+    (tmp_path / "play.md").write_text("# Act I\n\nEnter Hamlet.\n")
+    (tmp_path / "notes.rst").write_text("Notes\n=====\n\nA line.")
+    (tmp_path / "corpus.dat").write_text('{"text": "from json"}\n')
+    cfg = {"kind": "files", "paths": [str(tmp_path / "play.md"), str(tmp_path / "notes.rst")]}
+    assert read_documents(cfg, tmp_path) == ["# Act I", "Enter Hamlet.\n", "Notes\n=====", "A line."]
+    declared = {"kind": "files", "paths": [str(tmp_path / "corpus.dat")], "format": "json"}
+    assert read_documents(declared, tmp_path) == ["from json"]
+    as_text = {**declared, "format": "text"}
+    assert read_documents(as_text, tmp_path) == ['{"text": "from json"}\n']
+    assert build_source(as_text).description != build_source(declared).description  # separate token caches
+    with pytest.raises(ConfigError, match=r"data\.source\.format='csv' is not valid; choose one of: text, json, parquet"):
+        build_source({**declared, "format": "csv"})
 
 
 def test_hub_source_offline_gives_a_clear_error(tmp_path):

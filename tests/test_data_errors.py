@@ -168,8 +168,9 @@ def test_missing_file_glob_folder_and_extension_raise_data_error(tmp_path):
         DataError, datamodule, tmp_path, files_source(folder)
     )
     assert raised(DataError, datamodule, tmp_path, files_source(csv)) == (
-        f"data.source.paths: {csv} has unsupported extension '.csv'; supported: .txt, .json, .jsonl, .parquet; "
-        "convert it to one of these or leave it out of data.source.paths"
+        f"data.source.paths: {csv} has unsupported extension '.csv'; supported: .txt, .text, .md, .markdown, .rst, "
+        ".json, .jsonl, .parquet; declare the format of such files with data.source.format=text (or json, parquet), "
+        "or leave it out of data.source.paths"
     )
     assert not (tmp_path / "cache").exists()
 
