@@ -52,16 +52,38 @@ class ValidationBatches(IterableDataset[Batch]):
     """
 
     def __init__(
-        self, rows: PackedRows, micro_batch_size: int, dp_rank: int, dp_size: int, max_rows: int | None
+        self,
+        rows: PackedRows,
+        micro_batch_size: int,
+        dp_rank: int,
+        dp_size: int,
+        max_rows: int | None,
+        source: str | None = None,
     ) -> None:
         self.rows = rows
+        self.source = source
         self.micro_batch_size = micro_batch_size
         usable = rows.num_rows if max_rows is None else min(rows.num_rows, max_rows)
         self.row_indices = list(range(dp_rank, usable - usable % dp_size, dp_size))
 
     def __iter__(self) -> Iterator[Batch]:
         for start in range(0, len(self.row_indices), self.micro_batch_size):
-            yield self.rows.batch(self.row_indices[start : start + self.micro_batch_size])
+            batch = self.rows.batch(self.row_indices[start : start + self.micro_batch_size])
+            yield batch if self.source is None else {**batch, "source": self.source}
 
     def __len__(self) -> int:
         return -(-len(self.row_indices) // self.micro_batch_size)
+
+
+class ChainedBatches(IterableDataset[Batch]):
+    """Several validation loaders one after the other (a mixture's sources, each tagged)."""
+
+    def __init__(self, parts: list[ValidationBatches]) -> None:
+        self.parts = parts
+
+    def __iter__(self) -> Iterator[Batch]:
+        for part in self.parts:
+            yield from part
+
+    def __len__(self) -> int:
+        return sum(len(part) for part in self.parts)

@@ -15,6 +15,7 @@ steps: the global batch may change between steps and resuming only needs that co
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Protocol
 
 import torch
 from torch.utils.data import Sampler
@@ -22,12 +23,20 @@ from torch.utils.data import Sampler
 from common.errors import CheckpointError
 
 
+class RowOrder(Protocol):
+    """A global order other than epochs over one set of rows (a weighted mixture's)."""
+
+    def row_at(self, position: int) -> int:
+        """The row index at a position of the global order."""
+
+
 class ResumableRankSampler(Sampler[list[int]]):
     """An infinite batch sampler: yields this rank's micro-batches (lists of b row indices).
 
     `position` is the global position of the next group this rank has not started, i.e.
     start_position + (micro-batches yielded) * b * dp_size. A new iterator continues from
-    `position`, so use one live iterator at a time.
+    `position`, so use one live iterator at a time. `order` replaces the epoch order (a
+    mixture's); the grouping by rank is the same.
     """
 
     def __init__(
@@ -39,6 +48,7 @@ class ResumableRankSampler(Sampler[list[int]]):
         seed: int = 0,
         shuffle: bool = True,
         start_position: int = 0,
+        order: RowOrder | None = None,
     ) -> None:
         if num_rows < 1 or micro_batch_size < 1:
             raise ValueError(f"need num_rows >= 1 and micro_batch_size >= 1, got {num_rows} and {micro_batch_size}")
@@ -53,6 +63,7 @@ class ResumableRankSampler(Sampler[list[int]]):
         self.group_size = micro_batch_size * dp_size
         check_position(start_position, micro_batch_size, dp_size)
         self.position = start_position
+        self._order = order
         self._epoch_orders: dict[int, torch.Tensor] = {}
 
     def __iter__(self) -> Iterator[list[int]]:
@@ -64,6 +75,8 @@ class ResumableRankSampler(Sampler[list[int]]):
 
     def row_at(self, position: int) -> int:
         """The row index at a position of the global order."""
+        if self._order is not None:
+            return self._order.row_at(position)
         epoch, offset = divmod(position, self.num_rows)
         if not self.shuffle:
             return offset

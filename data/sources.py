@@ -23,7 +23,7 @@ from data.token_files import TokenFiles, token_files
 from common.errors import ConfigError, DataError
 
 SETTING = "data.source"
-CAP_KEYS = ("max_documents", "max_tokens")
+CAP_KEYS = ("skip_documents", "max_documents", "max_tokens")
 SOURCE_KEYS: dict[str, tuple[str, ...]] = {
     "embedded": ("kind", *CAP_KEYS),
     "files": ("kind", "paths", "format", "sample_by", "text_field", *CAP_KEYS),
@@ -161,14 +161,18 @@ class DocumentSource:
 
     streams: tuple[Stream, ...]
     description: dict[str, Any]
+    skip_documents: int | None = None
     max_documents: int | None = None
     max_tokens: int | None = None
 
     def batches(self, hf_cache_dir: str | os.PathLike[str]) -> Iterator[list[str]]:
-        """Yield lists of non-empty documents in corpus order, up to `max_documents`."""
+        """Yield lists of non-empty documents in corpus order, after `skip_documents`, up to `max_documents`."""
+        skip = self.skip_documents or 0
         remaining = self.max_documents
         for stream in self.streams:
             for documents in stream.batches(str(hf_cache_dir)):
+                if skip:
+                    documents, skip = documents[skip:], max(0, skip - len(documents))
                 if remaining is not None:
                     documents = documents[:remaining]
                     remaining -= len(documents)
@@ -209,7 +213,8 @@ def build_source(cfg: Mapping[str, Any]) -> DocumentSource | TokenFiles:
             f"{SETTING}.kind=hub streams a corpus that may be far larger than disk: set {SETTING}.max_tokens "
             f"(or {SETTING}.max_documents) to the amount to tokenize into the cache, e.g. {SETTING}.max_tokens=1e9"
         )
-    return DocumentSource(streams, {"kind": kind, **description, **caps}, **caps)
+    described = {key: value for key, value in caps.items() if key != "skip_documents" or value is not None}
+    return DocumentSource(streams, {"kind": kind, **description, **described}, **caps)
 
 
 def embedded_corpus_path() -> Path:

@@ -81,6 +81,11 @@ def build_corpus_cloze_task(
     if isinstance(k, bool) or not isinstance(k, int) or k < 1:
         raise ConfigError(f"{TASK_NAME}: the number of items k must be an integer >= 1, got {k!r}")
     cache_dir = Path(cache_dir if cache_dir is not None else data_settings["cache_dir"])
+    if data_settings.get("source") is None:
+        raise ConfigError(
+            f"{TASK_NAME} cuts its items from one corpus's held-out text, and data=mixture has several: "
+            "use another evaluation task (evaluation.tasks) or evaluation=none"
+        )
     source = build_source(as_plain_dict(data_settings["source"], "data.source"))
     if not isinstance(source, DocumentSource):
         raise ConfigError(

@@ -296,23 +296,32 @@ class LlamaLightningModule(L.LightningModule):
 
     # ---------------------------------------------------------------- validation
     def on_validation_epoch_start(self) -> None:
-        self._val_loss_sum = torch.zeros((), device=self.device)
-        self._val_batches = 0
+        self._val_sums: dict[str | None, list[torch.Tensor | int]] = {}
 
-    def validation_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> None:
-        """Validation always runs at the full packed length."""
-        self._val_loss_sum += self.loss(batch).detach()
-        self._val_batches += 1
+    def validation_step(self, batch: dict[str, Any], batch_idx: int) -> None:
+        """Validation always runs at the full packed length; a mixture's batches name their source."""
+        total = self._val_sums.setdefault(batch.get("source"), [torch.zeros((), device=self.device), 0])
+        total[0] += self.loss(batch).detach()
+        total[1] += 1
 
     def on_validation_epoch_end(self) -> None:
-        """Mean over batches and ranks (every rank runs the same number of equal batches)."""
-        if self._val_batches == 0:
+        """Mean over batches and ranks (every rank runs the same number of equal batches), and
+        each mixture source's own mean as ``val/loss/<name>``."""
+        if not self._val_sums:
             return
-        val_loss = self.trainer.strategy.reduce(self._val_loss_sum / self._val_batches, reduce_op="mean")
+        loss_sum = sum(total[0] for total in self._val_sums.values())
+        batches = sum(total[1] for total in self._val_sums.values())
+        val_loss = self.trainer.strategy.reduce(loss_sum / batches, reduce_op="mean")
         self.log("val/loss", val_loss, prog_bar=True, logger=False)  # for the bar and checkpoint monitors
+        per_source = {
+            f"val/loss/{source}": self.trainer.strategy.reduce(total[0] / total[1], reduce_op="mean").item()
+            for source, total in self._val_sums.items()
+            if source is not None
+        }
         if not self.trainer.sanity_checking:
             value = val_loss.item()
-            row = {"val/loss": value, "val/ppl": math.exp(value), "train/tokens_seen": float(self.training_state.clock.tokens)}
+            row = {"val/loss": value, "val/ppl": math.exp(value), **per_source,
+                   "train/tokens_seen": float(self.training_state.clock.tokens)}  # fmt: skip
             for logger in self.loggers:
                 logger.log_metrics(row, step=self.training_state.clock.steps)
 

@@ -231,7 +231,7 @@ def test_cache_holds_exactly_the_documents_and_rows_pack_them(tmp_path):
     assert list(cache.train) == byte_stream(train_docs)
     assert list(cache.val) == byte_stream(val_docs)
     assert cache.meta["train_documents"] == 55 and cache.meta["val_documents"] == 6
-    for rows, stream in ((module._train_rows, byte_stream(train_docs)), (module._val_rows, byte_stream(val_docs))):
+    for rows, stream in ((module._train_rows, byte_stream(train_docs)), (module._rows("val"), byte_stream(val_docs))):
         assert rows.num_rows == len(stream) // 17
         packed = [token for k in range(rows.num_rows) for token in rows.row(k)]
         assert packed == stream[: rows.num_rows * 17]
@@ -401,7 +401,7 @@ def test_validation_rows_split_evenly_over_ranks(tmp_path):
         module.trainer = rank_of(rank, 3)
         shards.append(torch.cat([b["input_ids"] for b in module.val_dataloader()]))
     assert len({len(shard) for shard in shards}) == 1
-    expected = torch.stack([torch.from_numpy(module._val_rows.row(k)[:-1].astype(np.int64)) for k in range(total)])
+    expected = torch.stack([torch.from_numpy(module._rows("val").row(k)[:-1].astype(np.int64)) for k in range(total)])
     assert torch.equal(torch.stack(shards, dim=1).reshape(total, -1), expected)
 
 
@@ -473,8 +473,8 @@ def test_hydra_data_configs_compose_and_instantiate(tmp_path):
         }
     assert modules["embedded"].micro_batch_size == 4 and modules["embedded"].seed == 3
     assert modules["embedded"].tokenizer_config == {"kind": "bpe", "vocab_size": 4096, "max_train_documents": 100_000}
-    assert modules["local_files"].source.max_tokens == 1_000_000
-    assert modules["hub"].source.description["name"] == "HuggingFaceFW/fineweb-edu"
+    assert modules["local_files"].parts[0].source.max_tokens == 1_000_000
+    assert modules["hub"].parts[0].source.description["name"] == "HuggingFaceFW/fineweb-edu"
 
 
 def test_embedded_corpus_builds_a_small_capped_cache(tmp_path):

@@ -150,7 +150,7 @@ def test_null_keys_mean_unset_and_take_the_kind_defaults(tmp_path):
     bpe = datamodule(tmp_path, {"kind": "embedded"}, tokenizer={**nulls, "kind": "bpe", "vocab_size": 512})
     assert bpe.tokenizer_config == {"kind": "bpe", "vocab_size": 512, "max_train_documents": 100_000}
     source = {"kind": None, "paths": None, "text_field": None, "max_documents": None}
-    assert datamodule(tmp_path, source).source.description["kind"] == "embedded"
+    assert datamodule(tmp_path, source).parts[0].source.description["kind"] == "embedded"
 
 
 # -- 2. missing files, globs and extensions -----------------------------------------------
@@ -366,12 +366,12 @@ def test_hydra_composes_every_tokenizer_and_source_key(tmp_path):
     files = compose_data(
         tmp_path, ["data=local_files", f"data.source.paths=[{tmp_path / '*.txt'}]", "data.source.sample_by=line"]
     )
-    assert files.source.description["sample_by"] == "line" and files.source.description["text_field"] == "text"
+    assert files.parts[0].source.description["sample_by"] == "line" and files.parts[0].source.description["text_field"] == "text"
     hub = compose_data(
         tmp_path, ["data=hub", "data.tokenizer.kind=hf", "data.tokenizer.name=x", "data.tokenizer.vocab_size=null"]
     )
     assert hub.tokenizer_config == {"kind": "hf", "name": "x"}
-    assert hub.source.description["config_name"] == "sample-10BT"
+    assert hub.parts[0].source.description["config_name"] == "sample-10BT"
     with pytest.raises(InstantiationException) as caught:
         compose_data(tmp_path, ["data.tokenizer.vocab_size=4096"])
     assert isinstance(caught.value.__cause__, ConfigError)
