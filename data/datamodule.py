@@ -1,6 +1,6 @@
 """The LightningDataModule: load, tokenize (once, cached), pack, shard by rank, resume.
 
-Data flows source -> tokenizer -> token cache (two flat files) -> packed rows (a view)
+Data flows source -> tokenizer -> token cache (sharded flat files) -> packed rows (a view)
 -> per-rank micro-batches. The training state is one number, `rows_consumed`: the
 position in the global row order that every rank has reached (under the training module,
 the clock's sequence count), plus, for a weighted mixture of sources, the history of its

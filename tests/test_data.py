@@ -7,6 +7,11 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import signal
+import subprocess
+import sys
+import time
 from fractions import Fraction
 from pathlib import Path
 from types import SimpleNamespace
@@ -20,6 +25,7 @@ import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 import data.sources
+import data.token_cache
 from data.bpe import train_bpe
 from data.datamodule import TextDataModule
 from data.sampler import ResumableRankSampler
@@ -32,6 +38,8 @@ from common.errors import DataError
 
 EOS = 256
 WORDS = "the quick brown fox jumps over a lazy dog while seven wizards hum; café naïve über 東京 ✓".split()
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 def make_documents(count: int, seed: int = 0) -> list[str]:
@@ -228,8 +236,8 @@ def test_cache_holds_exactly_the_documents_and_rows_pack_them(tmp_path):
     assert len(val_docs) == 6 and not set(val_docs) & set(train_docs)
     cache = open_token_cache(tmp_path / "cache" / module.fingerprint)
     assert cache.train.dtype == np.uint16
-    assert list(cache.train) == byte_stream(train_docs)
-    assert list(cache.val) == byte_stream(val_docs)
+    assert list(cache.train[:]) == byte_stream(train_docs)
+    assert list(cache.val[:]) == byte_stream(val_docs)
     assert cache.meta["train_documents"] == 55 and cache.meta["val_documents"] == 6
     for rows, stream in ((module._train_rows, byte_stream(train_docs)), (module._rows("val"), byte_stream(val_docs))):
         assert rows.num_rows == len(stream) // 17
@@ -255,22 +263,61 @@ def test_cache_is_reused_without_retokenizing(tmp_path):
     source = build_source({"kind": "files", "paths": [str(write_jsonl(tmp_path / "d.jsonl", make_documents(20)))]})
     tokenizer = CountingTokenizer()
     first = build_token_cache(source, tokenizer, tmp_path / "cache", 0.25)
-    calls, mtime = tokenizer.calls, (first / "train.bin").stat().st_mtime_ns
+    calls, mtime = tokenizer.calls, (first / "train-00000.bin").stat().st_mtime_ns
     second = build_token_cache(source, tokenizer, tmp_path / "cache", 0.25)
     assert second == first and tokenizer.calls == calls > 0
-    assert (first / "train.bin").stat().st_mtime_ns == mtime
+    assert (first / "train-00000.bin").stat().st_mtime_ns == mtime
     assert build_token_cache(source, tokenizer, tmp_path / "cache", 0.2) != first  # val_fraction is in the key
 
 
-def test_interrupted_build_leaves_no_complete_looking_cache(tmp_path, monkeypatch):
-    monkeypatch.setattr(data.sources, "READ_BATCH", 4)
-    source = build_source({"kind": "files", "paths": [str(write_jsonl(tmp_path / "d.jsonl", make_documents(20)))]})
+def test_interrupted_build_leaves_no_complete_looking_cache_and_the_next_one_continues_it(tmp_path, monkeypatch):
+    monkeypatch.setattr(data.token_cache, "SHARD_DOCUMENTS", 6)
+    monkeypatch.setattr(data.token_cache, "ENCODE_BATCH", 3)
+    documents = make_documents(40)
+    source = build_source({"kind": "files", "paths": [str(write_jsonl(tmp_path / "d.jsonl", documents))]})
+    reference = open_token_cache(build_token_cache(source, ByteTokenizer(), tmp_path / "reference", 0.25))
     cache_dir = tmp_path / "cache"
     with pytest.raises(RuntimeError, match="simulated crash"):
-        build_token_cache(source, CountingTokenizer(fail_on_call=3), cache_dir, 0.25)
-    assert [p.name for p in cache_dir.iterdir() if p.name != "hf_datasets"] == []
-    built = build_token_cache(source, CountingTokenizer(), cache_dir, 0.25)
-    assert open_token_cache(built).meta["train_documents"] + open_token_cache(built).meta["val_documents"] == 20
+        build_token_cache(source, CountingTokenizer(fail_on_call=8), cache_dir, 0.25)  # in shard 3 (2 calls a shard)
+    assert not list(cache_dir.glob("*/meta.json")) and not list(cache_dir.glob("*/*/meta.json"))
+    resumed_tokenizer = CountingTokenizer()
+    built = open_token_cache(build_token_cache(source, resumed_tokenizer, cache_dir, 0.25))
+    assert resumed_tokenizer.calls == 2 * 4  # shards 3..6 only, two calls each (the last holds 4 documents)
+    assert list(built.train[:]) == list(reference.train[:]) == byte_stream([d for i, d in enumerate(documents) if not is_val_reference(i, 0.25)])
+    assert list(built.val[:]) == list(reference.val[:])
+    assert {k: v for k, v in built.meta.items() if k != "build_seconds"} == {k: v for k, v in reference.meta.items() if k != "build_seconds"}
+    assert [p.name for p in cache_dir.iterdir() if p.name != "hf_datasets"] == [built.directory.name]
+
+
+def test_a_killed_build_process_is_continued_by_the_next_process(tmp_path):
+    """kill -9 mid-build (after some shards), then a new process: the cache equals an uninterrupted build."""
+    documents = make_documents(60)
+    corpus = write_jsonl(tmp_path / "d.jsonl", documents)
+    script = tmp_path / "build.py"
+    script.write_text(
+        "import logging, sys, time\nlogging.basicConfig(level=logging.INFO)\nimport data.token_cache as tc\nfrom data.sources import build_source\n"
+        "from data.tokenizers import ByteTokenizer\ntc.SHARD_DOCUMENTS = 5\n"
+        "class Slow(ByteTokenizer):\n    def encode_batch(self, texts):\n        time.sleep(float(sys.argv[2]))\n"
+        "        return super().encode_batch(texts)\n"
+        f"source = build_source({{'kind': 'files', 'paths': [{str(corpus)!r}]}})\n"
+        "print(tc.build_token_cache(source, Slow(), sys.argv[1], 0.25))\n"
+    )
+    run = [sys.executable, str(script)]
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    killed = subprocess.Popen([*run, str(tmp_path / "cache"), "0.3"], cwd=REPO, env=env)
+    staging = None
+    deadline = time.monotonic() + 60
+    while staging is None and time.monotonic() < deadline:
+        staging = next(iter((tmp_path / "cache").glob(".*.tmp-*/shard-00002.json")), None)
+        time.sleep(0.05)
+    os.kill(killed.pid, signal.SIGKILL)
+    killed.wait()
+    assert staging is not None and not list((tmp_path / "cache").glob("*/meta.json"))
+    resumed = subprocess.run([*run, str(tmp_path / "cache"), "0"], cwd=REPO, env=env, capture_output=True, text=True, check=True)
+    whole = subprocess.run([*run, str(tmp_path / "whole"), "0"], cwd=REPO, env=env, capture_output=True, text=True, check=True)
+    assert "shards (" in resumed.stderr and "were finished before" in resumed.stderr
+    a, b = open_token_cache(resumed.stdout.strip()), open_token_cache(whole.stdout.strip())
+    assert list(a.train[:]) == list(b.train[:]) and list(a.val[:]) == list(b.val[:]) and a.meta["shards"] == 12
 
 
 # -- sampler ----------------------------------------------------------------------------------

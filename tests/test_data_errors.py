@@ -286,10 +286,12 @@ def dead_pid() -> int:
 
 
 def test_next_build_removes_build_folders_of_dead_processes_on_this_host_only(tmp_path):
+    """Of another cache (fingerprint): a dead builder's folder on this host is removed; a live
+    one's (the parent process) and another host's are kept."""
     cache_dir = tmp_path / "cache"
     cache_dir.mkdir()
     stale = cache_dir / (staging_prefix("0123456789abcdef", dead_pid()) + "abc_1")
-    live = cache_dir / (staging_prefix("0123456789abcdef", os.getpid()) + "abc_2")
+    live = cache_dir / (staging_prefix("0123456789abcdef", os.getppid()) + "abc_2")
     other_host = cache_dir / f".0123456789abcdef.tmp-another.host-{dead_pid()}-abc_3"
     for folder in (stale, live, other_host):
         folder.mkdir()

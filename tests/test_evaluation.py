@@ -213,7 +213,7 @@ def test_corpus_cloze_choices_are_cut_from_held_out_documents(cloze):
     settings, folder = cloze
     data = TextDataModule(**settings)
     data.prepare_data()
-    val = open_token_cache(Path(settings["cache_dir"]) / data.fingerprint).val
+    val = open_token_cache(Path(settings["cache_dir"]) / data.fingerprint).val[:]
     ends = np.flatnonzero(val == EOS)
     documents = [ByteTokenizer().decode(val[start:end]) for start, end in zip(np.r_[0, ends[:-1] + 1], ends)]
     for item in read_items(folder):
