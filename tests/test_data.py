@@ -531,3 +531,21 @@ def test_embedded_corpus_builds_a_small_capped_cache(tmp_path):
     assert module.tokenizer.decode(cache.train[:64]).startswith("The Project Gutenberg EBook of The Adventures")
     batch = next(iter(module.train_dataloader()))
     assert batch["input_ids"].shape == (2, 64) and int(batch["input_ids"].max()) <= EOS
+
+
+def test_prepare_data_script_builds_the_cache_a_run_then_reuses(tmp_path):
+    """scripts/prepare_data.py tokenizes on its own (a CPU node's job); a run with the same data
+    settings finds the cache complete, and a misspelt key is one line with exit code 2."""
+    (tmp_path / "a.txt").write_text("one paragraph\n\nanother one\n" * 200)
+    data_args = ["data=local_files", f"data.source.paths=[{tmp_path / 'a.txt'}]", f"paths.cache_dir={tmp_path / 'cache'}"]
+    script = [sys.executable, str(REPO / "scripts" / "prepare_data.py")]
+    built = subprocess.run([*script, *data_args], capture_output=True, text=True, cwd=REPO)
+    assert built.returncode == 0, built.stderr[-2000:]
+    (cache,) = (tmp_path / "cache").glob("*/meta.json")
+    module = TextDataModule(source={"kind": "files", "paths": [str(tmp_path / "a.txt")], "sample_by": "paragraph",
+                                    "text_field": "text"}, tokenizer={"kind": "byte"}, seq_len=16, micro_batch_size=1,
+                            val_fraction=0.005, val_max_rows=512, shuffle=True, seed=1234, cache_dir=str(tmp_path / "cache"))  # fmt: skip
+    assert module.fingerprint == cache.parent.name and module.fingerprint in built.stdout
+    wrong = subprocess.run([*script, "data.source.kindd=files"], capture_output=True, text=True, cwd=REPO)
+    assert (wrong.returncode, wrong.stderr.strip()) == (2, "error: data.source.kindd is not a setting; did you mean "
+            "data.source.kind? (`python train.py --cfg job` prints the config and its keys)")  # fmt: skip
