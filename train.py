@@ -35,8 +35,8 @@ def main(cfg: DictConfig) -> float | None:
             if finished is not None:  # a resumed sweep: this job finished in an earlier run
                 report_skip(job, finished)
                 return finished.get("val/loss")
-            checkpoint = None if cfg.get("ckpt_path") else job.checkpoint()
-            if checkpoint is not None:  # interrupted in an earlier run
+            checkpoint = job.checkpoint()
+            if checkpoint is not None:  # interrupted in an earlier run (which may have begun at ckpt_path)
                 report_resume(job, checkpoint)
                 cfg.ckpt_path = str(checkpoint)
         from launch.training import train  # Lightning, torch, datasets: only for a valid config

@@ -130,7 +130,7 @@ def gpu_plan() -> Plan:
 
 
 def quick_plan() -> Plan:
-    """The tiny default model stands in for every model, in fp32 on CPU: the same sections
+    """The tiny model stands in for every model, in fp32 on CPU: the same sections
     and tables, in minutes, to check the suite itself."""
     kernels, label = kernel_choice("cpu")
     return Plan(

@@ -120,3 +120,12 @@ def test_jobs_are_arms_times_seeds_and_the_command_line_wins() -> None:
     jobs = study_jobs(spec, [["optimizer.lr=1e-3", "seed=7"]])
     assert jobs == [["optimizer.lr=1e-3", "seed=7", "batch.global_batch_size=16", "study.arm=small"],
                     ["optimizer.lr=1e-3", "seed=7", "batch.global_batch_size=64", "study.arm=large"]]  # fmt: skip
+
+
+def test_an_arm_that_sets_its_seed_runs_once_with_it() -> None:
+    """Branches of one seed's base run (the critical-batch study) carry that seed in the arm."""
+    arms = {"branch": ["seed=3", "batch.global_batch_size=64"], "plain": ["batch.global_batch_size=16"]}
+    jobs = study_jobs(StudySpec.from_config({"arms": arms, "seeds": [1, 2]}), [[]])
+    assert jobs == [["seed=3", "batch.global_batch_size=64", "study.arm=branch"],
+                    ["batch.global_batch_size=16", "study.arm=plain", "seed=1"],
+                    ["batch.global_batch_size=16", "study.arm=plain", "seed=2"]]  # fmt: skip

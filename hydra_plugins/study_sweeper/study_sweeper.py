@@ -8,7 +8,8 @@ overrides (swept ones expanded as the basic sweeper does), its arm's overrides,
 same command always gives a job the same folder (which is what lets a sweep resume).
 
 The command line wins over the study: an arm's override of a key the command line also
-sets is dropped, and ``seed=...`` on the command line replaces the study's seeds.
+sets is dropped, and ``seed=...`` on the command line replaces the study's seeds. An arm
+that sets ``seed=...`` itself runs once, with that seed (branches of one seed's run).
 """
 
 from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
@@ -28,9 +29,9 @@ def study_jobs(spec: StudySpec, base_jobs: list[list[str]]) -> list[list[str]]:
     jobs = []
     for base in base_jobs:
         given = {_key(o) for o in base}
-        seeds = [None] if "seed" in given else spec.seeds
         for arm, overrides in spec.arms.items():
             kept = [o for o in overrides if _key(o) not in given]
+            seeds = [None] if "seed" in given | {_key(o) for o in kept} else spec.seeds
             for seed in seeds:
                 jobs.append([*base, *kept, f"study.arm={arm}", *([f"seed={seed}"] if seed is not None else [])])
     return jobs

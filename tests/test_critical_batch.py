@@ -1,0 +1,79 @@
+"""The critical-batch measurement: branches continue the base run's checkpoints at the
+planned batch and sqrt-scaled learning rate for the window, and the report's critical batch
+is the rule applied to the branches' own final losses."""
+
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from analysis.critical_batch import critical_batch
+from analysis.runs import find_runs
+from tests.run_helpers import REPO
+
+SMALL = ["model.n_layers=1", "model.d_model=32", "model.n_heads=4", "model.n_kv_heads=2", "model.mlp_hidden=64",
+         "data.seq_len=32", "data.source.max_documents=600", "data.val_max_rows=16", "lr_schedule.warmup_steps=1",
+         "callbacks.model_checkpoint.every_n_train_steps=2", "trainer.num_sanity_val_steps=0", "trainer.log_every_n_steps=1"]  # fmt: skip
+BASE_LR, BASE_BATCH, SEQ_LEN, WINDOW = 4e-3, 16, 32, 1024
+
+
+def script(folder: Path, cache: Path, *extra: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "offline", "HF_HUB_OFFLINE": "1"}
+    command = [sys.executable, str(REPO / "scripts" / "critical_batch.py"), "--dir", str(folder), *extra]
+    return subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+
+
+def test_the_rule_takes_the_largest_batch_within_the_tolerance() -> None:
+    losses = {16: 2.000, 32: 2.004, 64: 2.030, 128: 2.009, 256: 2.2}
+    assert critical_batch(losses, 0.01) == 128  # the largest within 0.01, even past a worse one
+    assert critical_batch(losses, 0.001) == 16
+    assert critical_batch({16: 2.0, 32: 1.9}, 0.0) == 32  # a larger batch may also be better
+
+
+def test_overrides_the_script_sets_are_refused(tmp_path: Path) -> None:
+    result = script(tmp_path / "cb", tmp_path / "cache", "optimizer.lr=1e-3")
+    assert result.returncode == 2 and result.stderr.strip().startswith("error: optimizer.lr=1e-3: the script sets")
+    assert not (tmp_path / "cb").exists()
+
+
+@pytest.fixture(scope="module")
+def measured(tmp_path_factory) -> Path:
+    folder = tmp_path_factory.mktemp("critical") / "cb"
+    cache = tmp_path_factory.getbasetemp() / "cache"
+    arguments = ["--seeds", "3", "--steps", "2", "4", "--batches", "16", "32", "--window", str(WINDOW)]
+    result = script(folder, cache, *arguments, *SMALL, f"paths.cache_dir={cache}")
+    assert result.returncode == 0, result.stderr[-3000:]
+    return folder
+
+
+def test_branches_continue_the_checkpoint_at_their_batch_and_scaled_lr(measured: Path) -> None:
+    branches = find_runs([measured / "branches"])
+    assert sorted(run.arm for run in branches) == [f"seed3_step0000{s}_b00{b}" for s in (2, 4) for b in (16, 32)]
+    for run in branches:
+        step, batch = int(run.arm.split("_")[1][4:]), int(run.arm.split("_")[2][1:])
+        start = step * BASE_BATCH * SEQ_LEN
+        assert run.seed == 3 and run.setting("ckpt_path").endswith(f"base/0/checkpoints/step{step:06d}.ckpt")
+        rows = [row for row in run.rows if "train/lr" in row]
+        assert rows[0]["step"] == step + 1  # the first step after the checkpoint
+        assert {row["train/global_batch_size"] for row in rows} == {batch}
+        assert rows[-1]["train/lr"] == pytest.approx(BASE_LR * math.sqrt(batch / BASE_BATCH))
+        assert run.final("tokens") == start + WINDOW
+
+
+def test_the_report_applies_the_rule_to_the_branches_losses(measured: Path) -> None:
+    losses: dict[int, dict[int, float]] = {}
+    for marker in (measured / "branches").glob("*/finished.yaml"):
+        record = yaml.safe_load(marker.read_text())
+        arm = next(o for o in record["overrides"] if o.startswith("study.arm="))
+        step, batch = int(arm.split("_")[1][4:]), int(arm.split("_")[2][1:])
+        losses.setdefault(step, {})[batch] = record["metrics"]["val/loss"]
+    report = (measured / "report" / "critical_batch.md").read_text()
+    for step, by_batch in losses.items():
+        best = max(b for b, loss in by_batch.items() if loss <= by_batch[16] + 0.01)
+        row = next(line for line in report.splitlines() if line.startswith(f"| 3 | {step} |"))
+        assert row.split("|")[6].strip() == (f">= {best}" if best == 32 else str(best))
+    assert (measured / "report" / "critical_batch.png").stat().st_size > 10_000
