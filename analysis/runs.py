@@ -92,12 +92,26 @@ class Run:
         return tuple(o for o in self.overrides if not o.startswith(("seed=", "+seed=")))
 
     def value(self, expression: str) -> float | None:
-        """A final value (``Run.final``), or ``max(KEY)`` / ``min(KEY)`` over every logged value."""
-        for name, reduce in (("max", max), ("min", min)):
-            if expression.startswith(f"{name}(") and expression.endswith(")"):
-                values = [row[expression[4:-1]] for row in self.rows if expression[4:-1] in row]
-                return reduce(values) if values else None
-        return self.final(expression)
+        """A final value (``Run.final``), ``max(KEY)`` / ``min(KEY)`` over every logged value,
+        or ``spikes(KEY>T)``: how many times KEY rose above T (each excursion counts once, so
+        a spike that lasts several steps is one; a non-finite value counts as above)."""
+        match = re.fullmatch(r"(max|min|spikes)\((.+)\)", expression)
+        if not match:
+            return self.final(expression)
+        name, argument = match.groups()
+        key, _, threshold = argument.partition(">") if name == "spikes" else (argument, "", "")
+        values = [row[key] for row in self.rows if key in row]
+        if not values:
+            return None
+        if name == "spikes":
+            return _excursions(values, float(threshold))
+        return max(values) if name == "max" else min(values)
+
+
+def _excursions(values: list[float], threshold: float) -> float:
+    """How many times the series rises above ``threshold`` from at or below it (or starts above)."""
+    above = [not value <= threshold for value in values]  # NaN and inf are above
+    return float(sum(now and not before for before, now in zip([False, *above], above)))
 
 
 def _read_rows(path: Path) -> list[dict[str, float]]:

@@ -4,8 +4,9 @@ A study preset (``conf/sweep/NAME.yaml``) declares, under ``study``:
 
 - ``arms``: named lists of overrides (``constant_16: [+technique=constant_batch, ...]``);
 - ``seeds``: the seeds every arm runs with;
-- ``columns`` (optional): extra report columns, a final value or ``max(KEY)`` / ``min(KEY)``
-  over the run (``max(stability/loss_spike_ratio)``);
+- ``columns`` (optional): extra report columns, a final value, ``max(KEY)`` / ``min(KEY)``
+  over the run (``max(stability/loss_spike_ratio)``) or ``spikes(KEY>T)``, the number of
+  times KEY rose above T;
 - ``claims``: what the study tests, each comparing one arm with a baseline arm on the
   final value of a metric, e.g. "``adaptive`` ends within 0.01 nats of ``constant_16``
   with at most 0.7 of its optimizer steps"::
@@ -40,6 +41,7 @@ every condition is inconclusive.
 """
 
 import math
+import re
 import statistics
 from dataclasses import dataclass, field
 from typing import Any
@@ -107,6 +109,9 @@ class StudySpec:
             raise ConfigError(f"study.seeds must be a list of distinct integers, got {seeds!r}.")
         claims = [_claim(index, entry, arms) for index, entry in enumerate(node.get("claims") or [])]
         columns = list(node.get("columns") or [])
+        for column in columns:
+            if str(column).startswith("spikes(") and not re.fullmatch(r"spikes\([^>]+>[0-9.eE+-]+\)", str(column)):
+                raise ConfigError(f"study.columns: {column!r} needs a threshold, e.g. spikes(stability/loss_spike_ratio>1.2).")
         return cls(arms={name: list(o) for name, o in arms.items()}, seeds=list(seeds), claims=claims, columns=columns)
 
 

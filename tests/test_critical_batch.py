@@ -18,7 +18,7 @@ from tests.run_helpers import REPO
 SMALL = ["model.n_layers=1", "model.d_model=32", "model.n_heads=4", "model.n_kv_heads=2", "model.mlp_hidden=64",
          "data.seq_len=32", "data.source.max_documents=600", "data.val_max_rows=16", "lr_schedule.warmup_steps=1",
          "callbacks.model_checkpoint.every_n_train_steps=2", "trainer.num_sanity_val_steps=0", "trainer.log_every_n_steps=1"]  # fmt: skip
-BASE_LR, BASE_BATCH, SEQ_LEN, WINDOW = 4e-3, 16, 32, 1024
+BASE_LR, BASE_BATCH, SEQ_LEN, WINDOW = 8e-3, 16, 32, 1024  # the default peak LR
 
 
 def script(folder: Path, cache: Path, *extra: str) -> subprocess.CompletedProcess:

@@ -15,17 +15,21 @@ from tests.run_helpers import REPO, TINY, compose_config, run_train
 REFERENCE = json.loads((REPO / "tests" / "data" / "default_recipe_reference.json").read_text())
 
 
-def test_optimizer_adamw_is_the_old_default_recipe_bit_for_bit(tmp_path, tmp_path_factory):
+def test_optimizer_adamw_is_the_old_default_recipe(tmp_path, tmp_path_factory):
     """The first 8 steps of the default run as it was before the optimizer group existed (now
-    ``+experiment=tiny_recipe``), against losses stored then."""
+    ``+experiment=tiny_recipe``), against values stored then. They were equal bit for bit on
+    the machine that stored them; another CPU's float32 kernels may round differently (an
+    AVX-512 machine's gradient norm differed by 7e-8 relative at step 6), so the check allows
+    5e-7 relative: weight decay 0.09 instead of 0.1 already moves the loss of step 8 by 6e-6."""
     run_dir = tmp_path / "run"
     overrides = ["optimizer=adamw", "+experiment=tiny_recipe", *REFERENCE["overrides"]]
     result = run_train(overrides, run_dir, tmp_path_factory.getbasetemp() / "default_cache")
     assert result.returncode == 0, result.stderr[-3000:]
     rows = [row for row in load_run(run_dir).rows if "train/loss" in row]
     for key in ("train/loss", "train/grad_norm", "train/lr"):
-        assert [row[key] for row in rows] == REFERENCE[key], key
-    assert [row for row in load_run(run_dir).rows if "val/loss" in row][-1]["val/loss"] == REFERENCE["val/loss"]
+        assert [row[key] for row in rows] == pytest.approx(REFERENCE[key], rel=5e-7, abs=0), key
+    last_val = [row for row in load_run(run_dir).rows if "val/loss" in row][-1]["val/loss"]
+    assert last_val == pytest.approx(REFERENCE["val/loss"], rel=5e-7, abs=0)
 
 
 NS_COEFFICIENTS = (3.4445, -4.7750, 2.0315)  # Jordan et al.'s quintic iteration

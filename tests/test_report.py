@@ -11,6 +11,8 @@ import pytest
 
 from analysis.report import PLOTS, band, build_report, write_report
 from analysis.runs import find_runs, load_run
+from analysis.study import StudySpec
+from common.errors import ConfigError
 from tests.run_helpers import REPO, TINY, run_train
 
 SWEEP = [*TINY, "trainer.max_steps=4", "token_budget=null", "lr_schedule.name=constant", "logger=csv",
@@ -107,6 +109,21 @@ def test_the_rows_a_resumed_run_logged_again_are_replaced_by_the_new_ones(tmp_pa
     assert [(row["step"], row.get("train/loss"), row.get("val/loss")) for row in run.rows] == [
         (1, 1.0, None), (2, 2.0, None), (2, None, 9.0), (3, 3.5, None), (4, 4.5, None), (4, None, 8.0), (5, 5.0, None)
     ]  # fmt: skip
+
+
+def test_spikes_count_each_rise_above_the_threshold_once(tmp_path: Path) -> None:
+    """Two excursions above 1.2 (one lasting two steps), then a diverged step: three spikes."""
+    ratios = [1.0, 1.0, 1.3, 1.25, 1.0, 1.2, 1.1, 1.5, 1.0, "nan"]
+    write_run(tmp_path / "run", "step,stability/loss_spike_ratio", [f"{i},{r}" for i, r in enumerate(ratios)], [])
+    run = load_run(tmp_path / "run")
+    assert run.value("spikes(stability/loss_spike_ratio>1.2)") == 3.0
+    assert run.value("spikes(stability/loss_spike_ratio>1.4)") == 2.0
+    assert run.value("spikes(train/loss>1.2)") is None
+
+
+def test_a_spike_column_without_a_threshold_is_a_config_error() -> None:
+    with pytest.raises(ConfigError, match="needs a threshold"):
+        StudySpec.from_config({"arms": {"a": ["x=1"]}, "seeds": [1], "columns": ["spikes(stability/loss_spike_ratio)"]})
 
 
 def test_band_interpolates_seeds_onto_the_x_values_they_share() -> None:
