@@ -19,6 +19,11 @@ A study preset (``conf/sweep/NAME.yaml``) declares, under ``study``:
             val/loss: {difference_at_most: 0.01}
             steps: {ratio_at_most: 0.7}
 
+``arm`` and ``baseline`` may also list several arms (a tuning grid: ``arm: [muon_lr2e-3,
+muon_lr4e-3]``): the claim then compares the best of each list, the arm with the lowest
+mean ``select`` metric (``val/loss`` unless given). Picking the best on the same seeds that
+judge it favours the winner slightly; the verdict line names the arms that were picked.
+
 A claim may instead place an arm against a front of other arms (``front: [constant_16,
 constant_32, ...]``, with ``x: steps`` and ``y: val/loss``): the arm is below the front
 (holds) when it ends lower on ``y`` than every front arm that needed no more ``x``; it is
@@ -69,20 +74,30 @@ class Claim:
     with ``front``, ``arm`` against the front of those arms in the (``x``, ``y``) plane."""
 
     claim: str
-    arm: str
-    baseline: str | None = None
+    arm: str | list[str]
+    baseline: str | list[str] | None = None
     expect: dict[str, dict[str, float]] = field(default_factory=dict)
     front: list[str] = field(default_factory=list)
     x: str = "steps"
     y: str = "val/loss"
+    #: The metric that picks the best of a list of arms (lowest mean).
+    select: str = "val/loss"
 
     @property
     def arms(self) -> list[str]:
-        return [self.arm, *([self.baseline] if self.baseline else []), *self.front]
+        return [*_names(self.arm), *_names(self.baseline), *self.front]
 
     @property
     def metrics(self) -> list[str]:
-        return [self.x, self.y] if self.front else list(self.expect)
+        if self.front:
+            return [self.x, self.y]
+        return list(dict.fromkeys([*self.expect, self.select]))
+
+
+def _names(arms: str | list[str] | None) -> list[str]:
+    if arms is None:
+        return []
+    return [arms] if isinstance(arms, str) else list(arms)
 
 
 @dataclass(frozen=True)
@@ -115,6 +130,10 @@ class StudySpec:
         return cls(arms={name: list(o) for name, o in arms.items()}, seeds=list(seeds), claims=claims, columns=columns)
 
 
+def _one_or_list(arms: Any) -> str | list[str]:
+    return arms if isinstance(arms, str) else list(arms)
+
+
 def _claim(index: int, entry: Any, arms: dict[str, Any]) -> Claim:
     key = f"study.claims[{index}]"
     if not isinstance(entry, dict) or "arm" not in entry or not ({"baseline", "expect"} <= set(entry) or "front" in entry):
@@ -125,8 +144,8 @@ def _claim(index: int, entry: Any, arms: dict[str, Any]) -> Claim:
     if "front" in entry:
         claim = Claim(claim=text, arm=entry["arm"], front=list(entry["front"] or []), x=entry.get("x", "steps"),
                       y=entry.get("y", "val/loss"))  # fmt: skip
-        if not claim.front:
-            raise ConfigError(f"{key}.front must list the arms that make the front.")
+        if not claim.front or not isinstance(claim.arm, str):
+            raise ConfigError(f"{key}: a front claim needs one arm and front, the list of arms that make the front.")
     else:
         expect = entry["expect"]
         if not isinstance(expect, dict) or not expect:
@@ -134,7 +153,8 @@ def _claim(index: int, entry: Any, arms: dict[str, Any]) -> Claim:
         for metric, conditions in expect.items():
             if not isinstance(conditions, dict) or not conditions or not set(conditions) <= set(CONDITIONS):
                 raise ConfigError(f"{key}.expect.{metric}: conditions are {CONDITIONS}, got {conditions!r}.")
-        claim = Claim(claim=text, arm=entry["arm"], baseline=entry["baseline"], expect=dict(expect))
+        claim = Claim(claim=text, arm=_one_or_list(entry["arm"]), baseline=_one_or_list(entry["baseline"]),
+                      expect=dict(expect), select=entry.get("select", "val/loss"))  # fmt: skip
     for arm in claim.arms:
         if arm not in arms:
             raise ConfigError(f"{key} names {arm!r}, which is not an arm; the arms are {sorted(arms)}.")
@@ -231,11 +251,14 @@ def judge_claim(claim: Claim, groups: dict[str, dict[str, Spread]]) -> Verdict:
     if claim.front:
         return judge_front(claim, groups)
     measured, verdicts = [], []
+    arm_name, baseline_name = best(claim.arm, claim.select, groups), best(claim.baseline, claim.select, groups)
+    if not isinstance(claim.arm, str) or not isinstance(claim.baseline, str):
+        measured.append(f"best by {claim.select}: {arm_name} against {baseline_name}")
     for metric, conditions in claim.expect.items():
-        arm, baseline = groups.get(claim.arm, {}).get(metric), groups.get(claim.baseline, {}).get(metric)
+        arm, baseline = groups.get(arm_name, {}).get(metric), groups.get(baseline_name, {}).get(metric)
         for condition, threshold in conditions.items():
             if arm is None or baseline is None:
-                missing = claim.arm if arm is None else claim.baseline
+                missing = arm_name if arm is None else baseline_name
                 measured.append(f"{metric}: no finished run of {missing} logged it")
                 verdicts.append("inconclusive")
                 continue
@@ -244,6 +267,14 @@ def judge_claim(claim: Claim, groups: dict[str, dict[str, Spread]]) -> Verdict:
             measured.append(f"{metric} {interval.kind} {interval} (want {symbol} {threshold:g}; n={arm.n}/{baseline.n})")
             verdicts.append(judge(interval, condition, float(threshold)))
     return Verdict(claim, measured, combine(verdicts))
+
+
+def best(arms: str | list[str] | None, metric: str, groups: dict[str, dict[str, Spread]]) -> str:
+    """The arm itself, or of a list the one with the lowest mean ``metric`` (the first if none
+    finished)."""
+    names = _names(arms)
+    measured = [name for name in names if metric in groups.get(name, {})]
+    return min(measured, key=lambda name: groups[name][metric].mean) if measured else names[0]
 
 
 def judge_front(claim: Claim, groups: dict[str, dict[str, Spread]]) -> Verdict:

@@ -74,6 +74,20 @@ def test_a_claim_with_two_conditions_fails_if_one_fails() -> None:
     assert verdict.verdict == "fails" and "ratio 0.9" in verdict.measured[1]
 
 
+def test_a_claim_on_lists_of_arms_compares_the_best_of_each() -> None:
+    arms = {name: [f"x={i}"] for i, name in enumerate(["a1", "a2", "b1", "b2"])}
+    entry = {"arm": ["a1", "a2"], "baseline": ["b1", "b2"], "expect": {"val/loss": {"difference_at_most": 0.0}}}
+    spec = StudySpec.from_config({"arms": arms, "seeds": [1, 2, 3], "claims": [entry]})
+    groups = {"a1": {"val/loss": Spread((2.100, 2.101, 2.102))}, "a2": {"val/loss": Spread((2.000, 2.001, 2.002))},
+              "b1": {"val/loss": Spread((2.050, 2.051, 2.052))}, "b2": {"val/loss": Spread((2.300, 2.301, 2.302))}}  # fmt: skip
+    verdict = judge_claim(spec.claims[0], groups)
+    # a2 (mean 2.001) against b1 (2.051): -0.05, interval +-0.0035 (t 4.303 x 0.00082)
+    assert verdict.measured[0] == "best by val/loss: a2 against b1" and "difference -0.05 " in verdict.measured[1]
+    assert verdict.verdict == "holds"
+    groups["b2"] = {"val/loss": Spread((1.900, 1.901, 1.902))}  # now b2 is the baseline's best, and lower than a2
+    assert judge_claim(spec.claims[0], groups).verdict == "fails"
+
+
 def test_a_front_claim_is_below_on_or_above_the_front() -> None:
     spec = StudySpec.from_config(
         {"arms": {**ARMS, "adaptive": ["+technique=adaptive_batch"]}, "seeds": [1, 2],
