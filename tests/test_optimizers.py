@@ -127,10 +127,12 @@ def one_process(tmp_path_factory) -> Path:
     return run_dir
 
 
-@pytest.mark.parametrize(("strategy", "atol"), [("ddp", 1e-6), ("fsdp2", 1e-4)])
+@pytest.mark.parametrize(("strategy", "atol"), [("ddp", 1e-5), ("fsdp2", 1e-4)])
 def test_two_ranks_take_the_steps_of_one_process(strategy, atol, one_process, tmp_path, tmp_path_factory):
-    """DDP steps whole matrices on the averaged gradient; FSDP2 runs Newton-Schulz on row-sharded
-    DTensors (bfloat16 products over gathered shards: equal to 1e-4)."""
+    """DDP steps whole matrices on the averaged gradient, summed in another order than one
+    process's, so a bfloat16 rounding inside Newton-Schulz may flip (an AVX-512 BF16 machine:
+    4.8e-6 on a loss of 5.5); FSDP2 runs Newton-Schulz on row-sharded DTensors (bfloat16
+    products over gathered shards: equal to 1e-4)."""
     overrides = [*MUON, f"strategy={strategy}", "trainer.devices=2", "trainer.accelerator=cpu"]
     result = run_train(overrides, tmp_path / "two", tmp_path_factory.getbasetemp() / "cache")
     assert result.returncode == 0, result.stderr[-3000:]

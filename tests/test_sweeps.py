@@ -91,7 +91,7 @@ def sweep_jobs(tmp_path: Path, cache: Path, overrides: list[str]) -> list[dict]:
 
 
 def test_seqlen_lr_runs_and_a_command_line_value_replaces_the_presets_list(tmp_path: Path, tmp_path_factory) -> None:
-    """`+sweep=seqlen_lr optimizer.lr=4e-3 'study.seeds=[1]'`: both arms, at that LR and seed only (2 jobs, not 24)."""
+    """`+sweep=seqlen_lr optimizer.lr=4e-3 'study.seeds=[1]'`: both arms, at that LR and seed only (2 jobs, not 30)."""
     overrides = ["+sweep=seqlen_lr", *TINY, "batch.global_batch_size=8", "batch.micro_batch_size=2",
                  "optimizer.lr=4e-3", "study.seeds=[1]"]  # fmt: skip
     configs = sweep_jobs(tmp_path, tmp_path_factory.getbasetemp() / "cache", overrides)
