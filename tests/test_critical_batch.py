@@ -4,6 +4,7 @@ is the rule applied to the branches' own final losses."""
 
 import math
 import os
+import runpy
 import subprocess
 import sys
 from pathlib import Path
@@ -13,7 +14,7 @@ import yaml
 
 from analysis.critical_batch import critical_batch
 from analysis.runs import find_runs
-from tests.run_helpers import REPO
+from tests.run_helpers import REPO, compose_config
 
 SMALL = ["model.n_layers=1", "model.d_model=32", "model.n_heads=4", "model.n_kv_heads=2", "model.mlp_hidden=64",
          "data.seq_len=32", "data.source.max_documents=600", "data.val_max_rows=16", "lr_schedule.warmup_steps=1",
@@ -38,6 +39,17 @@ def test_overrides_the_script_sets_are_refused(tmp_path: Path) -> None:
     result = script(tmp_path / "cb", tmp_path / "cache", "optimizer.lr=1e-3")
     assert result.returncode == 2 and result.stderr.strip().startswith("error: optimizer.lr=1e-3: the script sets")
     assert not (tmp_path / "cb").exists()
+
+
+def test_the_branches_continue_the_base_runs_model_and_data(tmp_path: Path) -> None:
+    """Without overrides the branch preset composes the base preset's model and data, so a
+    branch can load a base checkpoint."""
+    script = runpy.run_path(str(REPO / "scripts" / "critical_batch.py"))  # its functions, main not run
+    preset = script["BRANCH_PRESET"]
+    script["write_branch_preset"](tmp_path / "conf" / "sweep" / f"{preset}.yaml", {"b": ["seed=1"]})
+    base = compose_config(["+sweep=critical_batch"], tmp_path)
+    branches = compose_config([f"hydra.searchpath=[file://{tmp_path / 'conf'}]", f"+sweep={preset}"], tmp_path)
+    assert branches.model == base.model and branches.data == base.data
 
 
 @pytest.fixture(scope="module")
