@@ -240,8 +240,9 @@ class StudyReport:
 
 
 def study_spec(runs: list[Run]) -> StudySpec | None:
-    """The study block the runs were made with (any run's config), if they are a study's."""
-    for run in runs:
+    """The study block the runs were made with, if they are a study's: the last job's, which
+    is the newest when arms or claims were appended to a preset between two resumptions."""
+    for run in reversed(runs):
         node = run.setting("study")
         if isinstance(node, dict) and node.get("arms"):
             return StudySpec.from_config(node)

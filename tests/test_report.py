@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import yaml
 
 from analysis.report import PLOTS, band, build_report, write_report
 from analysis.runs import find_runs, load_run
@@ -124,6 +125,21 @@ def test_spikes_count_each_rise_above_the_threshold_once(tmp_path: Path) -> None
 def test_a_spike_column_without_a_threshold_is_a_config_error() -> None:
     with pytest.raises(ConfigError, match="needs a threshold"):
         StudySpec.from_config({"arms": {"a": ["x=1"]}, "seeds": [1], "columns": ["spikes(stability/loss_spike_ratio)"]})
+
+
+def test_a_study_whose_preset_gained_an_arm_is_judged_by_its_newest_block(tmp_path: Path) -> None:
+    """Jobs 0-1 ran before arm `b` and its claim were appended; job 2 ran after: the report
+    names b as an arm and judges the claim (it reads the last job's study block)."""
+    old = {"arms": {"a": ["x=1"]}, "seeds": [1]}
+    new = {"arms": {"a": ["x=1"], "b": ["x=2"]}, "seeds": [1],
+           "claims": [{"arm": "b", "baseline": "a", "expect": {"val/loss": {"difference_at_most": 0.0}}}]}  # fmt: skip
+    for job, (arm, seed, block) in enumerate([("a", 1, old), ("a", 2, old), ("b", 1, new)]):
+        folder = tmp_path / "sweep" / str(job)
+        write_run(folder, "step,val/loss", [f"1,{2.0 + job}"], [f"x={1 + (arm == 'b')}", f"study.arm={arm}", f"seed={seed}"])
+        (folder / "csv" / "hparams.yaml").write_text(yaml.safe_dump({"seed": seed, "study": {**block, "arm": arm}}))
+    report = build_report(find_runs([tmp_path / "sweep"]))
+    assert [group.name for group in report.groups] == ["a", "b"]
+    assert [v.claim.arm for v in report.verdicts] == ["b"]
 
 
 def test_band_interpolates_seeds_onto_the_x_values_they_share() -> None:
