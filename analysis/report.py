@@ -24,7 +24,7 @@ import numpy as np
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from analysis.runs import STEP, TOKENS, WALL_TIME, Run, find_runs  # noqa: E402
+from analysis.runs import DERIVED, STEP, TOKENS, WALL_TIME, Run, find_runs  # noqa: E402
 from analysis.study import Claim, Spread, StudySpec, Verdict, judge_claim  # noqa: E402
 
 
@@ -175,6 +175,46 @@ def plot_groups(groups: list[Group], plot: Plot, path: Path) -> bool:
     return drawn
 
 
+FRONT_FILE = "front.png"
+
+
+def pareto_front(points: dict[str, tuple[float, float]]) -> list[str]:
+    """The names of the points no other point beats (no more x and lower y, or less x and no
+    more y), in order of x: the best y each x budget buys."""
+    def beaten(x: float, y: float) -> bool:
+        return any((ox <= x and oy < y) or (ox < x and oy <= y) for ox, oy in points.values())
+
+    return sorted((name for name, (x, y) in points.items() if not beaten(x, y)), key=lambda name: points[name][0])
+
+
+def plot_front(report: "StudyReport", path: Path) -> bool:
+    """For a study with front claims: every group's final y against x (mean, error bars: std
+    over seeds), and the Pareto front of the front claims' arms as a line. False when the
+    study has no front claim or no group logged both metrics."""
+    claims = [claim for claim in (report.spec.claims if report.spec else []) if claim.front]
+    if not claims:
+        return False
+    x, y = claims[0].x, claims[0].y
+    front_arms = {arm for claim in claims for arm in claim.front}
+    spreads = {group.name: (group.spread(x), group.spread(y), group.arm in front_arms) for group in report.groups}
+    spreads = {name: found for name, found in spreads.items() if found[0] is not None and found[1] is not None}
+    if not spreads:
+        return False
+    figure, axis = plt.subplots(figsize=(8, 5))
+    for name, (sx, sy, on_front) in spreads.items():
+        axis.errorbar(sx.mean, sy.mean, xerr=sx.std, yerr=sy.std, fmt="s" if on_front else "o", capsize=3,
+                      label=textwrap.fill(f"{name} (n={sy.n})", 60))  # fmt: skip
+    front = pareto_front({name: (sx.mean, sy.mean) for name, (sx, sy, on_front) in spreads.items() if on_front})
+    axis.plot([spreads[n][0].mean for n in front], [spreads[n][1].mean for n in front], "k--",
+              label=textwrap.fill(f"Pareto front: {', '.join(front)}", 60))  # fmt: skip
+    x_label = X_LABELS.get(DERIVED.get(x, x), x)
+    axis.set(xscale="log", xlabel=x_label, ylabel=y, title=f"final {y} against {x_label} (mean ± std over seeds)")
+    axis.legend(fontsize="x-small", loc="upper left", bbox_to_anchor=(1.02, 1))
+    figure.savefig(path, dpi=120, bbox_inches="tight")
+    plt.close(figure)
+    return True
+
+
 def evaluation_plots(runs: list[Run]) -> list[Plot]:
     """One plot per downstream evaluation metric (``eval/<task>/<metric>``) any run logged."""
     keys = sorted({key for run in runs for row in run.rows for key in row if key.startswith("eval/")})
@@ -284,6 +324,8 @@ def write_report(report: StudyReport, out: Path) -> list[str]:
             skipped.append(f"{plot.key} against {X_LABELS[plot.x]}: no run logged it, so {plot.file} was not written")
     labels = run_labels(report.runs)
     images = "\n\n".join(f"![{plot.label} against {X_LABELS[plot.x]}]({plot.file})" for plot in written)
+    if plot_front(report, out / FRONT_FILE):
+        images = f"![final loss against optimizer steps, with the front]({FRONT_FILE})\n\n{images}"
     folders = "\n".join(f"- {label}: `{run.path}`" for label, run in zip(labels, report.runs))
     runs = f"## Runs\n\n{final_table(report.runs, labels)}\n\n{folders}"
     (out / "report.md").write_text(f"# Report\n\n{report.markdown()}\n\n{runs}\n\n{images}\n")

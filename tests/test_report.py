@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import yaml
 
-from analysis.report import PLOTS, band, build_report, write_report
+from analysis.report import PLOTS, band, build_report, pareto_front, write_report
 from analysis.runs import find_runs, load_run
 from analysis.study import StudySpec
 from common.errors import ConfigError
@@ -140,6 +140,27 @@ def test_a_study_whose_preset_gained_an_arm_is_judged_by_its_newest_block(tmp_pa
     report = build_report(find_runs([tmp_path / "sweep"]))
     assert [group.name for group in report.groups] == ["a", "b"]
     assert [v.claim.arm for v in report.verdicts] == ["b"]
+
+
+def test_the_pareto_front_keeps_the_points_nothing_beats() -> None:
+    points = {"a": (10.0, 3.0), "b": (20.0, 2.5), "c": (20.0, 2.7), "d": (40.0, 2.6), "e": (80.0, 2.0), "f": (10.0, 3.0)}
+    # brute force: c is beaten by b (same x, lower y), d by b (less x, lower y); a and f tie
+    assert pareto_front(points) == ["a", "f", "b", "e"]
+
+
+def test_a_study_with_a_front_claim_plots_the_front(tmp_path: Path) -> None:
+    study = {"arms": {"c16": ["b=16"], "c64": ["b=64"], "adaptive": ["t=a"]}, "seeds": [1, 2],
+             "claims": [{"arm": "adaptive", "front": ["c16", "c64"]}]}  # fmt: skip
+    runs = [("c16", 100, 2.0), ("c64", 25, 2.3), ("adaptive", 40, 2.1)]
+    for job, ((arm, steps, loss), seed) in enumerate((r, seed) for r in runs for seed in (1, 2)):
+        folder = tmp_path / "sweep" / str(job)
+        rows = [f"1,{loss + 1},", f"{steps},,{loss + 0.01 * seed}"]
+        write_run(folder, "step,train/loss,val/loss", rows, [*study["arms"][arm], f"study.arm={arm}", f"seed={seed}"])
+        (folder / "csv" / "hparams.yaml").write_text(yaml.safe_dump({"seed": seed, "study": {**study, "arm": arm}}))
+    report = build_report(find_runs([tmp_path / "sweep"]))
+    write_report(report, tmp_path / "out")
+    assert (tmp_path / "out" / "front.png").read_bytes().startswith(b"\x89PNG")
+    assert "![final loss against optimizer steps, with the front](front.png)" in (tmp_path / "out" / "report.md").read_text()
 
 
 def test_band_interpolates_seeds_onto_the_x_values_they_share() -> None:
