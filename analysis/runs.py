@@ -95,17 +95,32 @@ class Run:
         """A final value (``Run.final``), ``max(KEY)`` / ``min(KEY)`` over every logged value,
         or ``spikes(KEY>T)``: how many times KEY rose above T (each excursion counts once, so
         a spike that lasts several steps is one; a non-finite value counts as above)."""
-        match = re.fullmatch(r"(max|min|spikes)\((.+)\)", expression)
-        if not match:
+        reduction = parse_reduction(expression)
+        if reduction is None:
             return self.final(expression)
-        name, argument = match.groups()
-        key, _, threshold = argument.partition(">") if name == "spikes" else (argument, "", "")
+        name, key, threshold = reduction
         values = [row[key] for row in self.rows if key in row]
         if not values:
             return None
         if name == "spikes":
-            return _excursions(values, float(threshold))
+            return _excursions(values, threshold)
         return max(values) if name == "max" else min(values)
+
+
+def parse_reduction(expression: str) -> tuple[str, str, float | None] | None:
+    """``max(KEY)`` / ``min(KEY)`` -> (name, KEY, None); ``spikes(KEY>T)`` -> ("spikes", KEY, T);
+    anything else (a plain key) -> None. A ``spikes`` without a numeric threshold is a ValueError."""
+    match = re.fullmatch(r"(max|min|spikes)\((.+)\)", expression)
+    if not match:
+        return None
+    name, argument = match.groups()
+    if name != "spikes":
+        return name, argument, None
+    key, _, threshold = argument.partition(">")
+    try:
+        return name, key, float(threshold)
+    except ValueError:
+        raise ValueError(f"{expression!r} needs a threshold, e.g. spikes(stability/loss_spike_ratio>1.2)") from None
 
 
 def _excursions(values: list[float], threshold: float) -> float:

@@ -46,11 +46,11 @@ every condition is inconclusive.
 """
 
 import math
-import re
 import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
+from analysis.runs import parse_reduction
 from common.errors import ConfigError
 
 #: Two-sided 95% quantiles of Student's t by degrees of freedom (beyond 30: the normal's).
@@ -125,8 +125,10 @@ class StudySpec:
         claims = [_claim(index, entry, arms) for index, entry in enumerate(node.get("claims") or [])]
         columns = list(node.get("columns") or [])
         for column in columns:
-            if str(column).startswith("spikes(") and not re.fullmatch(r"spikes\([^>]+>[0-9.eE+-]+\)", str(column)):
-                raise ConfigError(f"study.columns: {column!r} needs a threshold, e.g. spikes(stability/loss_spike_ratio>1.2).")
+            try:
+                parse_reduction(str(column))
+            except ValueError as error:
+                raise ConfigError(f"study.columns: {error}.") from None
         return cls(arms={name: list(o) for name, o in arms.items()}, seeds=list(seeds), claims=claims, columns=columns)
 
 
