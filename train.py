@@ -5,6 +5,7 @@
     python train.py '+technique=[seq_len_warmup,diloco]'   # techniques from conf/technique/
     python train.py -m seed=1,2,3                          # a multirun sweep
     python train.py -m +sweep=NAME hydra.sweep.dir=DIR     # a study; the same command resumes it
+                                                           # (started twice: two workers)
 
 The config is checked before the heavy imports, so a mistake is reported within a couple
 of seconds, as one ``error:`` line with exit code 2 (``launch/cli.py``).
@@ -19,8 +20,8 @@ from omegaconf import DictConfig
 
 from launch.cli import fail, is_rank_zero, run_cli
 from common.errors import UserError
-from launch.run_settings import check_config
-from launch.sweep_jobs import SweepJob, report_resume, report_skip
+from launch.run_settings import RunSettings, check_config
+from launch.sweep_jobs import SweepJob, report_busy, report_resume, report_skip
 
 HYDRA_ONLY = {".hydra", "train.log"}  # what Hydra writes into a run folder before the run starts
 
@@ -30,7 +31,12 @@ def main(cfg: DictConfig) -> float | None:
     try:
         settings = check_config(cfg)
         job = SweepJob.current()
-        if job is not None:
+        if job is None:
+            return train_and_report(cfg, settings)
+        with job.claim() as holder:
+            if holder is not None:  # a second worker of the same sweep command has it
+                report_busy(job, holder)
+                return None
             finished = job.finished_metrics()
             if finished is not None:  # a resumed sweep: this job finished in an earlier run
                 report_skip(job, finished)
@@ -39,16 +45,21 @@ def main(cfg: DictConfig) -> float | None:
             if checkpoint is not None:  # interrupted in an earlier run (which may have begun at ckpt_path)
                 report_resume(job, checkpoint)
                 cfg.ckpt_path = str(checkpoint)
-        from launch.training import train  # Lightning, torch, datasets: only for a valid config
-
-        result = train(cfg, settings)
-        if job is not None and result.finished:
-            job.mark_finished(result.metrics)
-        return result.metrics.get("val/loss")
+            return train_and_report(cfg, settings, job)
     except UserError as error:  # reported here, not by Hydra, which would add its own line
         if is_rank_zero():
             remove_empty_run_folder(Path(cfg.paths.output_dir) / "runs")
         fail(str(error))
+
+
+def train_and_report(cfg: DictConfig, settings: RunSettings, job: SweepJob | None = None) -> float | None:
+    """Train; a sweep job that ran to its end leaves its marker. Returns the final val/loss."""
+    from launch.training import train  # Lightning, torch, datasets: only for a valid config
+
+    result = train(cfg, settings)
+    if job is not None and result.finished:
+        job.mark_finished(result.metrics)
+    return result.metrics.get("val/loss")
 
 
 def remove_empty_run_folder(runs: Path) -> None:

@@ -11,10 +11,19 @@ mixed with this command's.
 
 This works with any sweeper and launcher (basic, study, SLURM through submitit), because
 it runs inside the job. Single runs (no ``-m``) always start a new folder and are untouched.
+
+The same command started twice on one machine runs the sweep with two workers: a job being
+trained holds ``running.lock`` (host and process id), and a worker that finds the lock of a
+live process on its host passes the job by. A lock left by a process that died, or written
+on another host (a requeued SLURM job), is taken over, so resuming never waits on it.
 """
 
 import logging
+import os
+import socket
 import zipfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,6 +36,7 @@ from common.errors import ConfigError
 log = logging.getLogger(__name__)
 
 MARKER = "finished.yaml"
+LOCK = "running.lock"
 
 
 @dataclass(frozen=True)
@@ -71,9 +81,63 @@ class SweepJob:
         candidates = [folder / "last.ckpt", *sorted(folder.glob("step*.ckpt"), reverse=True)]
         return next((path for path in candidates if path.is_file() and zipfile.is_zipfile(path)), None)
 
+    @contextmanager
+    def claim(self) -> Iterator[str | None]:
+        """Hold this job for this process while the block runs.
+
+        Yields None when the job is this process's, else the lock of the live worker on this
+        host that holds it (then nothing is written and the caller passes the job by).
+        """
+        lock, mine = self.folder / LOCK, f"{socket.gethostname()} {os.getpid()}"
+        for _ in range(2):  # a second try after removing a dead worker's lock
+            try:
+                descriptor = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+            except FileExistsError:
+                holder = _read(lock)
+                if holder is not None and _alive_here(holder):
+                    yield holder
+                    return
+                lock.unlink(missing_ok=True)
+                continue
+            with os.fdopen(descriptor, "w") as file:
+                file.write(mine)
+            try:
+                yield None
+            finally:
+                if _read(lock) == mine:
+                    lock.unlink()
+            return
+        yield _read(lock) or "another worker"  # lost the race for a dead worker's lock
+
     def mark_finished(self, metrics: dict[str, float]) -> None:
         record = {"overrides": self.overrides, "metrics": {key: float(value) for key, value in metrics.items()}}
         (self.folder / MARKER).write_text(yaml.safe_dump(record, sort_keys=False))
+
+
+def _read(lock: Path) -> str | None:
+    try:
+        return lock.read_text().strip()
+    except FileNotFoundError:
+        return None
+
+
+def _alive_here(holder: str) -> bool:
+    """Whether the lock's writer is a live process on this host (another host's cannot be
+    checked: its lock is treated as left over)."""
+    host, _, pid = holder.rpartition(" ")
+    if host != socket.gethostname() or not pid.isdigit():
+        return False
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's live process
+        return True
+    return True
+
+
+def report_busy(job: SweepJob, holder: str) -> None:
+    log.info("passed %s by: another worker (%s) is training it", job.label, holder)
 
 
 def report_skip(job: SweepJob, metrics: dict[str, float]) -> None:

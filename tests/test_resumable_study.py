@@ -1,7 +1,10 @@
 """A study preset end to end: arms x seeds through `train.py -m`, the report's groups and
-verdicts, and a sweep that resumes (finished jobs skipped, an interrupted one resumed exactly)."""
+verdicts, and a sweep that resumes (finished jobs skipped, an interrupted one resumed exactly)
+and runs with two workers (a job held by a live worker passed by)."""
 
+import os
 import shutil
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -11,6 +14,7 @@ import yaml
 
 from analysis.report import study_report
 from analysis.runs import load_run
+from launch.sweep_jobs import LOCK, SweepJob
 from tests.run_helpers import REPO, TINY, run_train
 
 # The arms set optimizer.lr, and the command line would win over them: TINY's own LR is left out.
@@ -93,3 +97,39 @@ def test_a_job_folder_of_other_overrides_is_refused(study, tmp_path: Path) -> No
     assert result.returncode == 2
     assert result.stderr.strip().splitlines()[-1].startswith("error: ")
     assert "holds a finished run of other overrides" in result.stderr and "new hydra.sweep.dir" in result.stderr
+
+
+def test_a_job_held_by_a_live_worker_is_passed_by_and_a_dead_workers_lock_is_taken_over(study, tmp_path: Path) -> None:
+    original, cache, _ = study
+    folder = tmp_path / "sweep"
+    shutil.copytree(original, folder)
+    for job in (1, 2):  # to be trained again
+        (folder / str(job) / "finished.yaml").unlink()
+        shutil.rmtree(folder / str(job) / "checkpoints")
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    try:  # job 1 is "being trained" by a live process on this host
+        (folder / "1" / LOCK).write_text(f"{socket.gethostname()} {other.pid}")
+        result = sweep(folder, cache)
+    finally:
+        other.kill()
+        other.wait()
+    assert result.returncode == 0, result.stderr[-3000:]
+    output = result.stdout + result.stderr
+    assert f"passed job 1 by: another worker ({socket.gethostname()} {other.pid}) is training it" in output
+    assert output.count("finished at step") == 1 and not (folder / "1" / "finished.yaml").exists()
+    assert not (folder / "2" / LOCK).exists()  # released after training
+    # Its process died without releasing the lock: the same command takes the job over.
+    result = sweep(folder, cache)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert (result.stdout + result.stderr).count("finished at step") == 1 and not (folder / "1" / LOCK).exists()
+    assert finished(folder / "1")["metrics"]["val/loss"] == finished(original / "1")["metrics"]["val/loss"]
+
+
+def test_a_lock_written_on_another_host_is_taken_over(tmp_path: Path) -> None:
+    job = SweepJob(tmp_path, 0, [])
+    (tmp_path / LOCK).write_text(f"not-{socket.gethostname()} {os.getpid()}")  # a requeued SLURM job's
+    with job.claim() as holder:
+        assert holder is None and (tmp_path / LOCK).read_text() == f"{socket.gethostname()} {os.getpid()}"
+        with job.claim() as second:  # the same command's second worker, here
+            assert second == f"{socket.gethostname()} {os.getpid()}"
+    assert not (tmp_path / LOCK).exists()

@@ -136,6 +136,19 @@ def test_jobs_are_arms_times_seeds_and_the_command_line_wins() -> None:
                     ["optimizer.lr=1e-3", "seed=7", "batch.global_batch_size=64", "study.arm=large"]]  # fmt: skip
 
 
+def test_arms_named_on_the_command_line_run_alone_and_group_with_the_whole_studys_runs() -> None:
+    spec = StudySpec.from_config({"arms": ARMS, "seeds": [1, 2]})
+    whole = study_jobs(spec, [["token_budget=1000"]])
+    # `study.arm=large seed=3,4`: the basic sweeper's base jobs
+    chosen = study_jobs(spec, [["token_budget=1000", "study.arm=large", "seed=3"], ["token_budget=1000", "study.arm=large", "seed=4"]])
+    assert chosen == [["token_budget=1000", "seed=3", "batch.global_batch_size=64", "optimizer.lr=8e-3", "study.arm=large"],
+                      ["token_budget=1000", "seed=4", "batch.global_batch_size=64", "optimizer.lr=8e-3", "study.arm=large"]]  # fmt: skip
+    without_seed = {tuple(o for o in job if not o.startswith("seed=")) for job in chosen}
+    assert without_seed == {tuple(o for o in job if not o.startswith("seed=")) for job in whole[2:]}
+    with pytest.raises(ConfigError, match="study.arm=larg is not an arm of this study; its arms: small, large"):
+        study_jobs(spec, [["study.arm=larg"]])
+
+
 def test_an_arm_that_sets_its_seed_runs_once_with_it() -> None:
     """Branches of one seed's base run (the critical-batch study) carry that seed in the arm."""
     arms = {"branch": ["seed=3", "batch.global_batch_size=64"], "plain": ["batch.global_batch_size=16"]}

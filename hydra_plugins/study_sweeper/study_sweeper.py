@@ -10,6 +10,9 @@ same command always gives a job the same folder (which is what lets a sweep resu
 The command line wins over the study: an arm's override of a key the command line also
 sets is dropped, and ``seed=...`` on the command line replaces the study's seeds. An arm
 that sets ``seed=...`` itself runs once, with that seed (branches of one seed's run).
+``study.arm=A,B`` on the command line runs only those arms; their jobs carry the same
+overrides as in the whole study, so more seeds of a study's best arms, run into another
+folder, group with its runs in the report.
 """
 
 from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
@@ -18,6 +21,7 @@ from hydra.core.override_parser.types import Override
 from omegaconf import OmegaConf
 
 from analysis.study import StudySpec
+from common.errors import ConfigError
 
 
 def _key(override: str) -> str:
@@ -25,12 +29,16 @@ def _key(override: str) -> str:
 
 
 def study_jobs(spec: StudySpec, base_jobs: list[list[str]]) -> list[list[str]]:
-    """Each base job (the command line's) crossed with every arm and seed."""
+    """Each base job (the command line's) crossed with every arm (or the one it names) and seed."""
     jobs = []
     for base in base_jobs:
+        chosen = [o.split("=", 1)[1] for o in base if _key(o) == "study.arm"]
+        base = [o for o in base if _key(o) != "study.arm"]
         given = {_key(o) for o in base}
-        for arm, overrides in spec.arms.items():
-            kept = [o for o in overrides if _key(o) not in given]
+        for arm in chosen or spec.arms:
+            if arm not in spec.arms:
+                raise ConfigError(f"study.arm={arm} is not an arm of this study; its arms: {', '.join(spec.arms)}")
+            kept = [o for o in spec.arms[arm] if _key(o) not in given]
             seeds = [None] if "seed" in given | {_key(o) for o in kept} else spec.seeds
             for seed in seeds:
                 jobs.append([*base, *kept, f"study.arm={arm}", *([f"seed={seed}"] if seed is not None else [])])
