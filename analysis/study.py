@@ -183,9 +183,13 @@ class Spread:
         return statistics.stdev(self.values) if self.n > 1 else 0.0
 
     def __str__(self) -> str:
-        """Mean ± std, both at the mean's precision: whole numbers for counts and anything
-        >= 1000, one decimal from 10, four below."""
-        if all(float(v).is_integer() for v in self.values) or abs(self.mean) >= 1000:
+        """Mean ± std, both at the mean's precision: whole numbers for counts (one decimal for
+        a small count's fractional mean: 1 spike in 3 seeds is 0.3, not 0) and anything >= 1000,
+        one decimal from 10, four below."""
+        counts = all(float(v).is_integer() for v in self.values)
+        if counts and abs(self.mean) < 10 and not float(self.mean).is_integer():
+            return f"{self.mean:.1f} ± {self.std:.1f}"
+        if counts or abs(self.mean) >= 1000:
             return f"{self.mean:,.0f} ± {self.std:,.0f}"
         decimals = 1 if abs(self.mean) >= 10 else 4
         return f"{self.mean:.{decimals}f} ± {self.std:.{decimals}f}"

@@ -32,6 +32,12 @@ def test_spread_and_difference_interval_equal_the_textbook_formulas() -> None:
     assert (interval.value, interval.low, interval.high) == pytest.approx((difference, difference - half, difference + half), rel=1e-3)
 
 
+def test_spreads_print_at_their_precision_and_a_small_counts_fraction_is_kept() -> None:
+    assert str(Spread((245.0, 245.0, 245.0))) == "245 ± 0" and str(Spread((2.1, 2.3))) == "2.2000 ± 0.1414"
+    assert str(Spread((0.0, 1.0, 0.0))) == "0.3 ± 0.6"  # one spike in three seeds is not "0 ± 1"
+    assert str(Spread((1.0, 1.0, 1.0))) == "1 ± 0" and str(Spread((200.0, 203.0))) == "202 ± 2"
+
+
 def test_ratio_interval_follows_the_delta_method() -> None:
     a, b = [70.0, 74.0], [100.0, 100.0]
     interval = compare(Spread(tuple(a)), Spread(tuple(b)), "ratio")
