@@ -33,7 +33,7 @@ def main(cfg: DictConfig) -> float | None:
         job = SweepJob.current()
         if job is None:
             return train_and_report(cfg, settings)
-        with job.claim() as holder:
+        with job.claim(settings.run.world_size) as holder:
             if holder is not None:  # a second worker of the same sweep command has it
                 report_busy(job, holder)
                 return None

@@ -15,7 +15,9 @@ it runs inside the job. Single runs (no ``-m``) always start a new folder and ar
 The same command started twice on one machine runs the sweep with two workers: a job being
 trained holds ``running.lock`` (host and process id), and a worker that finds the lock of a
 live process on its host passes the job by. A lock left by a process that died, or written
-on another host (a requeued SLURM job), is taken over, so resuming never waits on it.
+on another host (a requeued SLURM job), is taken over, so resuming never waits on it. Only
+one-process jobs are locked: every rank of a multi-process job (SLURM tasks, or Lightning's
+relaunched ranks) enters the same folder and would find its own ranks' lock.
 """
 
 import logging
@@ -82,12 +84,16 @@ class SweepJob:
         return next((path for path in candidates if path.is_file() and zipfile.is_zipfile(path)), None)
 
     @contextmanager
-    def claim(self) -> Iterator[str | None]:
+    def claim(self, processes: int | None) -> Iterator[str | None]:
         """Hold this job for this process while the block runs.
 
         Yields None when the job is this process's, else the lock of the live worker on this
-        host that holds it (then nothing is written and the caller passes the job by).
+        host that holds it (then nothing is written and the caller passes the job by). A job
+        of ``processes`` other than one (or an unknown count) is not locked: its ranks share it.
         """
+        if processes != 1:
+            yield None
+            return
         lock, mine = self.folder / LOCK, f"{socket.gethostname()} {os.getpid()}"
         for _ in range(2):  # a second try after removing a dead worker's lock
             try:

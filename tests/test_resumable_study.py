@@ -128,8 +128,18 @@ def test_a_job_held_by_a_live_worker_is_passed_by_and_a_dead_workers_lock_is_tak
 def test_a_lock_written_on_another_host_is_taken_over(tmp_path: Path) -> None:
     job = SweepJob(tmp_path, 0, [])
     (tmp_path / LOCK).write_text(f"not-{socket.gethostname()} {os.getpid()}")  # a requeued SLURM job's
-    with job.claim() as holder:
+    with job.claim(processes=1) as holder:
         assert holder is None and (tmp_path / LOCK).read_text() == f"{socket.gethostname()} {os.getpid()}"
-        with job.claim() as second:  # the same command's second worker, here
+        with job.claim(processes=1) as second:  # the same command's second worker, here
             assert second == f"{socket.gethostname()} {os.getpid()}"
     assert not (tmp_path / LOCK).exists()
+
+
+def test_the_ranks_of_a_multi_process_job_do_not_lock_it(tmp_path: Path) -> None:
+    """Every SLURM task of a job enters its folder: rank 1 must not pass by rank 0's job."""
+    job, rank_zero = SweepJob(tmp_path, 0, []), f"{socket.gethostname()} {os.getppid()}"
+    (tmp_path / LOCK).write_text(rank_zero)  # a live process on this host
+    for processes in (2, None):
+        with job.claim(processes=processes) as holder:
+            assert holder is None
+    assert (tmp_path / LOCK).read_text() == rank_zero  # neither taken nor removed
