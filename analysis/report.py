@@ -26,6 +26,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 from analysis.runs import DERIVED, STEP, TOKENS, WALL_TIME, Run, find_runs  # noqa: E402
 from analysis.study import Claim, Spread, StudySpec, Verdict, judge_claim  # noqa: E402
+from analysis.tuner import Tuning  # noqa: E402
+from analysis.tuning_report import tuning_figures, tuning_table, tunings  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -82,13 +84,18 @@ class Group:
         return self.runs[0].arm
 
     @property
+    def phase(self) -> str | None:
+        return self.runs[0].phase
+
+    @property
     def seeds(self) -> list[int | None]:
         return [run.seed for run in self.runs]
 
     def spread(self, expression: str) -> Spread | None:
-        """The final value of ``expression`` (``Run.value``) over the group's runs that logged it."""
-        values = [value for value in (run.value(expression) for run in self.runs) if value is not None]
-        return Spread(tuple(values)) if values else None
+        """The final value of ``expression`` (``Run.value``) over the group's runs that logged
+        it, with their seeds (for paired comparisons)."""
+        found = [(value, run.seed) for run in self.runs if (value := run.value(expression)) is not None]
+        return Spread(tuple(v for v, _ in found), tuple(s for _, s in found)) if found else None
 
 
 def group_runs(runs: list[Run]) -> list[Group]:
@@ -101,24 +108,29 @@ def group_runs(runs: list[Run]) -> list[Group]:
     grouped: dict[tuple[str, ...], list[Run]] = {}
     for run in runs:
         grouped.setdefault(run.group, []).append(run)
-    own = [[o for o in key if not o.startswith("study.arm=")] for key in grouped]
+    own = [[o for o in key if not o.startswith(("study.arm=", "++study.phase="))] for key in grouped]
     arms = [members[0].arm for members in grouped.values()]
     if any(arms):
         spec = study_spec(runs)
         arm_overrides = spec.arms if spec else {}
         own = [[o for o in overrides if o not in arm_overrides.get(arm, [])] for overrides, arm in zip(own, arms)]
-    same = len(set(map(tuple, own))) == 1
-    extras = [""] * len(own) if same and any(arms) else distinct_labels(own)
-    names = [" ".join(part for part in (arm, extra) if part) or "defaults" for arm, extra in zip(arms, extras)]
+    extras = distinct_labels(own, arms_tell_apart=any(arms))
+    tuning = ["(tuning)" if members[0].phase == "tune" else "" for members in grouped.values()]
+    names = [" ".join(part for part in parts if part) or "defaults" for parts in zip(arms, extras, tuning)]
+    if len(set(names)) < len(names):
+        names = [" ".join(part for part in (arm, *o, t) if part) for arm, o, t in zip(arms, own, tuning)]
     return [Group(name, tuple(members)) for name, members in zip(names, grouped.values())]
 
 
-def distinct_labels(overrides: list[list[str]]) -> list[str]:
-    """Short names: each list's overrides minus those every list shares (sweep jobs share most)."""
+def distinct_labels(overrides: list[list[str]], arms_tell_apart: bool = False) -> list[str]:
+    """Short names: each list's overrides minus those every list shares (sweep jobs share most).
+    Where study arms already tell groups apart, a label may be empty (an arm at its defaults)."""
     if len(overrides) < 2:
-        return [" ".join(o) for o in overrides]
+        return ["" if arms_tell_apart else " ".join(o) for o in overrides]
     shared = set.intersection(*(set(o) for o in overrides))
     labels = [" ".join(x for x in o if x not in shared) for o in overrides]
+    if arms_tell_apart:
+        return labels
     return labels if all(labels) and len(set(labels)) == len(labels) else [" ".join(o) for o in overrides]
 
 
@@ -270,10 +282,22 @@ class StudyReport:
     groups: list[Group]
     spec: StudySpec | None
     verdicts: list[Verdict] = field(default_factory=list)
+    #: A tuned study's search per arm, as its tuning runs show it.
+    tunings: dict[str, Tuning] = field(default_factory=dict)
+
+    @property
+    def judged_groups(self) -> list[Group]:
+        """The groups that judge claims: all but a tuned study's tuning runs."""
+        return [group for group in self.groups if group.phase != "tune"]
 
     def markdown(self) -> str:
         extra = tuple(self.spec.columns) if self.spec else ()
-        parts = [f"## Groups (mean ± std over seeds)\n\n{group_table(self.groups, extra)}"]
+        parts = []
+        if self.tunings:
+            seeds = ", ".join(map(str, self.spec.tuning_seeds))
+            parts.append(f"## Tuning (seeds {seeds}; each arm's winner, judged below on other seeds)\n\n{tuning_table(self.tunings)}")
+        title = "Judging runs" if self.tunings else "Groups"
+        parts.append(f"## {title} (mean ± std over seeds)\n\n{group_table(self.judged_groups, extra)}")
         if self.verdicts:
             parts.append(f"## Claims\n\n{verdict_table(self.verdicts)}")
         return "\n\n".join(parts)
@@ -292,8 +316,13 @@ def study_spec(runs: list[Run]) -> StudySpec | None:
 def build_report(runs: list[Run]) -> StudyReport:
     groups = group_runs(runs)
     spec = study_spec(runs)
-    verdicts = [judge_claim(claim, claim_spreads(claim, groups)) for claim in spec.claims] if spec else []
-    return StudyReport(runs, groups, spec, verdicts)
+    if spec is None:
+        return StudyReport(runs, groups, spec)
+    found = tunings(spec, runs) if spec.tuned else {}
+    untuned = frozenset(arm for arm, tuning in found.items() if not tuning.tuned)
+    judged = [group for group in groups if group.phase != "tune"]
+    verdicts = [judge_claim(claim, claim_spreads(claim, judged), untuned) for claim in spec.claims]
+    return StudyReport(runs, groups, spec, verdicts, found)
 
 
 def claim_spreads(claim: Claim, groups: list[Group]) -> dict[str, dict[str, Spread]]:
@@ -318,7 +347,7 @@ def write_report(report: StudyReport, out: Path) -> list[str]:
     out.mkdir(parents=True, exist_ok=True)
     written, skipped = [], []
     for plot in (*PLOTS, *evaluation_plots(report.runs)):
-        if plot_groups(report.groups, plot, out / plot.file):
+        if plot_groups(report.judged_groups, plot, out / plot.file):
             written.append(plot)
         else:
             skipped.append(f"{plot.key} against {X_LABELS[plot.x]}: no run logged it, so {plot.file} was not written")
@@ -326,6 +355,8 @@ def write_report(report: StudyReport, out: Path) -> list[str]:
     images = "\n\n".join(f"![{plot.label} against {X_LABELS[plot.x]}]({plot.file})" for plot in written)
     if plot_front(report, out / FRONT_FILE):
         images = f"![final loss against optimizer steps, with the front]({FRONT_FILE})\n\n{images}"
+    for path in reversed(tuning_figures(report.tunings, out)):
+        images = f"![{path.stem}]({path.name})\n\n{images}"
     folders = "\n".join(f"- {label}: `{run.path}`" for label, run in zip(labels, report.runs))
     runs = f"## Runs\n\n{final_table(report.runs, labels)}\n\n{folders}"
     (out / "report.md").write_text(f"# Report\n\n{report.markdown()}\n\n{runs}\n\n{images}\n")

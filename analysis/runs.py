@@ -20,6 +20,7 @@ import numpy as np
 import yaml
 
 METRICS = Path("csv") / "metrics.csv"
+FINISHED = "finished.yaml"  # a finished sweep job's marker (launch/sweep_jobs.py)
 TOKENS = "train/tokens_seen"
 STEP = "step"
 WALL_TIME = "time/train_seconds"
@@ -85,6 +86,17 @@ class Run:
         """The study arm this run belongs to (None outside a study)."""
         arm = self.setting("study.arm")
         return str(arm) if arm else None
+
+    @property
+    def phase(self) -> str | None:
+        """``tune`` or ``judge`` in a tuned study (None elsewhere: every run judges)."""
+        phase = self.setting("study.phase")
+        return str(phase) if phase else None
+
+    @property
+    def finished(self) -> bool:
+        """Whether this sweep job reached its budget (``launch/sweep_jobs.py`` marks it)."""
+        return (self.path / FINISHED).exists()
 
     @property
     def group(self) -> tuple[str, ...]:

@@ -30,6 +30,13 @@ constant_32, ...]``, with ``x: steps`` and ``y: val/loss``): the arm is below th
 dominated (fails) when one of those ends lower than it; otherwise it lies on the front
 within the seed spread (inconclusive).
 
+A **tuned** study also declares a search space (``analysis/search_space.py``), shared
+under ``study.search`` and per arm (an arm is then ``{overrides: [...], search: {...}}``),
+and ``tuning_seeds``: the study sweeper searches each arm on the tuning seeds until its best
+setting is bracketed in every dimension (``analysis/tuner.py``), then runs each arm's
+winner on ``seeds``, the judging seeds, which must not repeat a tuning seed. Claims are
+judged on the judging runs only, so the seeds that picked a winner never judge it.
+
 The study sweeper (``hydra_plugins/study_sweeper``) turns arms x seeds into jobs; the
 report groups finished runs by arm (or, in any other sweep, by their overrides less the
 seed) and judges each claim here.
@@ -43,6 +50,14 @@ degrees of freedom (a conservative choice for unequal variances) around the stan
 error ``sqrt(s_a^2 / n_a + s_b^2 / n_b)``; for ratios the standard error comes from the
 delta method. With a single seed in either arm there is no spread to judge against, and
 every condition is inconclusive.
+
+Where both arms ran the same seeds (two or more), they started from the same weights and saw
+the same data order, so the **paired** interval decides: the per-seed differences (or
+ratios) ``arm_s - baseline_s``, their mean, and Student's t with ``n - 1`` degrees of freedom
+around their standard error; the unpaired interval is printed beside it. A claim whose arm
+(or baseline) has no finished run is **not run**; in a tuned study, a claim on an arm whose
+search has not bracketed its winner in every dimension is **not tuned**, never holds or
+fails.
 """
 
 import math
@@ -51,6 +66,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from analysis.runs import parse_reduction
+from analysis.search_space import Dimension, SearchSpace, parse_search
 from common.errors import ConfigError
 
 #: Two-sided 95% quantiles of Student's t by degrees of freedom (beyond 30: the normal's).
@@ -105,10 +121,19 @@ class StudySpec:
     """The ``study`` block of a preset."""
 
     arms: dict[str, list[str]]
+    #: The judging seeds: every arm (in a tuned study, every arm's winner) runs with each.
     seeds: list[int]
     claims: list[Claim] = field(default_factory=list)
     #: Extra report columns: final values or ``max(KEY)`` / ``min(KEY)`` over a run.
     columns: list[str] = field(default_factory=list)
+    #: The seeds the search runs on (a tuned study only).
+    tuning_seeds: list[int] = field(default_factory=list)
+    #: Each tuned arm's search space (every arm, in a tuned study).
+    spaces: dict[str, SearchSpace] = field(default_factory=dict)
+
+    @property
+    def tuned(self) -> bool:
+        return bool(self.spaces)
 
     @classmethod
     def from_config(cls, node: Any) -> "StudySpec":
@@ -117,11 +142,23 @@ class StudySpec:
         arms, seeds = node.get("arms"), node.get("seeds")
         if not isinstance(arms, dict) or not arms:
             raise ConfigError("study.arms must map each arm's name to its list of overrides, e.g. {small: [batch.global_batch_size=16]}.")
-        for name, overrides in arms.items():
-            if not isinstance(overrides, list) or not all(isinstance(o, str) and "=" in o for o in overrides):
-                raise ConfigError(f"study.arms.{name} must be a list of overrides such as 'optimizer.lr=1e-3', got {overrides!r}.")
-        if not isinstance(seeds, list) or not seeds or not all(isinstance(s, int) for s in seeds) or len(set(seeds)) < len(seeds):
-            raise ConfigError(f"study.seeds must be a list of distinct integers, got {seeds!r}.")
+        shared = parse_search(node.get("search"), "study.search")
+        overrides, searches = {}, {}
+        for name, entry in arms.items():
+            overrides[name], own = _arm(name, entry)
+            searches[name] = {**shared, **own}
+        seeds = _seeds(seeds, "study.seeds")
+        tuning_seeds = _seeds(node.get("tuning_seeds"), "study.tuning_seeds") if node.get("tuning_seeds") is not None else []
+        spaces = {}
+        if any(searches.values()):
+            spaces = {name: _space(name, searches[name], overrides[name]) for name in arms}
+            if not tuning_seeds:
+                raise ConfigError("study.tuning_seeds is missing: a study with a search needs the seeds it tunes on, e.g. [1], apart from study.seeds.")
+            repeated = sorted(set(tuning_seeds) & set(seeds))
+            if repeated:
+                raise ConfigError(f"study.seeds repeats the tuning seeds {repeated}: winners are judged on other seeds; e.g. tuning_seeds [1], seeds [2, 3, 4].")
+        elif tuning_seeds:
+            raise ConfigError("study.tuning_seeds is set but nothing is searched: add study.search (or an arm's search), or drop tuning_seeds.")
         claims = [_claim(index, entry, arms) for index, entry in enumerate(node.get("claims") or [])]
         columns = list(node.get("columns") or [])
         for column in columns:
@@ -129,7 +166,38 @@ class StudySpec:
                 parse_reduction(str(column))
             except ValueError as error:
                 raise ConfigError(f"study.columns: {error}.") from None
-        return cls(arms={name: list(o) for name, o in arms.items()}, seeds=list(seeds), claims=claims, columns=columns)
+        return cls(arms=overrides, seeds=seeds, claims=claims, columns=columns, tuning_seeds=tuning_seeds, spaces=spaces)
+
+
+def _seeds(seeds: Any, key: str) -> list[int]:
+    if not isinstance(seeds, list) or not seeds or not all(isinstance(s, int) for s in seeds) or len(set(seeds)) < len(seeds):
+        raise ConfigError(f"{key} must be a list of distinct integers, got {seeds!r}.")
+    return list(seeds)
+
+
+def _arm(name: str, entry: Any) -> tuple[list[str], dict[str, Dimension]]:
+    """An arm's fixed overrides and its own search: a list of overrides, or a mapping
+    ``{overrides: [...], search: {...}}``."""
+    key = f"study.arms.{name}"
+    search = {}
+    if isinstance(entry, dict):
+        unknown = set(entry) - {"overrides", "search"}
+        if unknown:
+            raise ConfigError(f"{key}: unknown fields {sorted(unknown)}; an arm is a list of overrides or {{overrides: [...], search: {{...}}}}.")
+        search = parse_search(entry.get("search"), f"{key}.search")
+        entry = entry.get("overrides") or []
+    if not isinstance(entry, list) or not all(isinstance(o, str) and "=" in o for o in entry):
+        raise ConfigError(f"{key} must be a list of overrides such as 'optimizer.lr=1e-3', got {entry!r}.")
+    return list(entry), search
+
+
+def _space(name: str, search: dict[str, Dimension], overrides: list[str]) -> SearchSpace:
+    fixed = {o.split("=", 1)[0].lstrip("+~") for o in overrides}
+    space = SearchSpace(tuple(search.values()))
+    clash = sorted(fixed & set(space.keys))
+    if clash:
+        raise ConfigError(f"study.arms.{name} fixes {clash}, which its search also tunes: drop one of them.")
+    return space
 
 
 def _one_or_list(arms: Any) -> str | list[str]:
@@ -168,6 +236,14 @@ class Spread:
     """A quantity over the seeds of one group."""
 
     values: tuple[float, ...]
+    #: The seed of each value, where known (what pairs two arms' runs).
+    seeds: tuple[int | None, ...] = ()
+
+    def by_seed(self) -> dict[int, float] | None:
+        """Value by seed, or None when a seed is unknown or repeats."""
+        if len(self.seeds) != self.n or None in self.seeds or len(set(self.seeds)) < self.n:
+            return None
+        return dict(zip(self.seeds, self.values))
 
     @property
     def n(self) -> int:
@@ -226,6 +302,18 @@ def compare(arm: Spread, baseline: Spread, kind: str) -> Interval:
     return Interval(kind, value, value - half, value + half)
 
 
+def paired(arm: Spread, baseline: Spread, kind: str) -> Interval | None:
+    """The paired interval over per-seed differences (or ratios) ``arm_s - baseline_s``:
+    their mean and Student's t with n - 1 degrees of freedom; None unless both ran the same
+    two or more seeds."""
+    a, b = arm.by_seed(), baseline.by_seed()
+    if a is None or b is None or set(a) != set(b) or len(a) < 2:
+        return None
+    per_seed = Spread(tuple(a[s] - b[s] if kind == "difference" else a[s] / b[s] for s in sorted(a)))
+    half = t_quantile(per_seed.n - 1) * per_seed.std / math.sqrt(per_seed.n)
+    return Interval(kind, per_seed.mean, per_seed.mean - half, per_seed.mean + half)
+
+
 def judge(interval: Interval, condition: str, threshold: float) -> str:
     """holds / fails / inconclusive for one condition on a measured interval."""
     if interval.low is None:
@@ -238,8 +326,14 @@ def judge(interval: Interval, condition: str, threshold: float) -> str:
     return "inconclusive"
 
 
+NOT_RUN, NOT_TUNED = "not run", "not tuned"
+
+
 def combine(verdicts: list[str]) -> str:
-    """A claim fails if any condition fails, holds if all hold, else it is inconclusive."""
+    """A claim is not run if an arm has no run, fails if any condition fails, holds if all
+    hold, else it is inconclusive."""
+    if NOT_RUN in verdicts:
+        return NOT_RUN
     if "fails" in verdicts:
         return "fails"
     return "holds" if all(v == "holds" for v in verdicts) else "inconclusive"
@@ -252,26 +346,35 @@ class Verdict:
     verdict: str
 
 
-def judge_claim(claim: Claim, groups: dict[str, dict[str, Spread]]) -> Verdict:
-    """Judge a claim on the groups' spreads (arm -> metric -> Spread)."""
+def judge_claim(claim: Claim, groups: dict[str, dict[str, Spread]], untuned: frozenset[str] = frozenset()) -> Verdict:
+    """Judge a claim on the groups' spreads (arm -> metric -> Spread); a claim on an arm in
+    ``untuned`` (a tuned study's arm whose search is not finished) is not tuned."""
     if claim.front:
         return judge_front(claim, groups)
-    measured, verdicts = [], []
     arm_name, baseline_name = best(claim.arm, claim.select, groups), best(claim.baseline, claim.select, groups)
+    missing = [name for name in (arm_name, baseline_name) if not groups.get(name)]
+    if missing:
+        return Verdict(claim, [f"no finished run of {' or '.join(missing)}"], NOT_RUN)
+    measured, verdicts = [], []
     if not isinstance(claim.arm, str) or not isinstance(claim.baseline, str):
         measured.append(f"best by {claim.select}: {arm_name} against {baseline_name}")
     for metric, conditions in claim.expect.items():
-        arm, baseline = groups.get(arm_name, {}).get(metric), groups.get(baseline_name, {}).get(metric)
+        arm, baseline = groups[arm_name].get(metric), groups[baseline_name].get(metric)
         for condition, threshold in conditions.items():
             if arm is None or baseline is None:
-                missing = arm_name if arm is None else baseline_name
-                measured.append(f"{metric}: no finished run of {missing} logged it")
+                measured.append(f"{metric}: no finished run of {arm_name if arm is None else baseline_name} logged it")
                 verdicts.append("inconclusive")
                 continue
-            interval = compare(arm, baseline, condition.split("_")[0])
+            kind = condition.split("_")[0]
+            unpaired, pair = compare(arm, baseline, kind), paired(arm, baseline, kind)
             symbol = "<=" if condition.endswith("at_most") else ">="
-            measured.append(f"{metric} {interval.kind} {interval} (want {symbol} {threshold:g}; n={arm.n}/{baseline.n})")
-            verdicts.append(judge(interval, condition, float(threshold)))
+            intervals = f"paired {pair}, unpaired {unpaired}" if pair else str(unpaired)
+            measured.append(f"{metric} {kind} {intervals} (want {symbol} {threshold:g}; n={arm.n}/{baseline.n})")
+            verdicts.append(judge(pair or unpaired, condition, float(threshold)))
+    not_tuned = sorted({arm_name, baseline_name} & untuned)
+    if not_tuned:
+        measured.append(f"{', '.join(not_tuned)} not bracketed in every dimension")
+        return Verdict(claim, measured, NOT_TUNED)
     return Verdict(claim, measured, combine(verdicts))
 
 
@@ -287,6 +390,8 @@ def judge_front(claim: Claim, groups: dict[str, dict[str, Spread]]) -> Verdict:
     """The arm against each front arm that needed no more ``x`` (by mean): lower ``y`` than all
     of them holds, higher ``y`` than one of them (95% interval above 0) fails."""
     arm = groups.get(claim.arm, {})
+    if not arm:
+        return Verdict(claim, [f"no finished run of {claim.arm}"], NOT_RUN)
     if claim.x not in arm or claim.y not in arm:
         return Verdict(claim, [f"no finished run of {claim.arm} logged {claim.x} and {claim.y}"], "inconclusive")
     measured, verdicts = [], []

@@ -33,11 +33,12 @@ import yaml
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 
+from analysis.runs import FINISHED
 from common.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
-MARKER = "finished.yaml"
+MARKER = FINISHED
 LOCK = "running.lock"
 
 
@@ -125,6 +126,12 @@ def _read(lock: Path) -> str | None:
         return lock.read_text().strip()
     except FileNotFoundError:
         return None
+
+
+def lock_is_live(lock: Path) -> bool:
+    """Whether a live worker on this host holds the lock file."""
+    holder = _read(lock)
+    return holder is not None and _alive_here(holder)
 
 
 def _alive_here(holder: str) -> bool:

@@ -15,7 +15,9 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import IntervalSweep, Override
 from omegaconf import DictConfig, OmegaConf
 
+from analysis.search_space import SearchSpace, format_value
 from analysis.study import StudySpec
+from analysis.tuner import first_design
 from hydra_plugins.study_sweeper.study_sweeper import study_jobs
 from launch.run_settings import check_config
 from lightning_modules.llama import default_mlp_hidden
@@ -63,7 +65,21 @@ def preset_jobs(preset: str) -> list[list[str]]:
         assert params, f"conf/sweep/{preset}.yaml sets neither hydra.sweeper.params nor a study"
         return base
     assert cfg.hydra.sweeper._target_.endswith("StudySweeper")
-    return study_jobs(StudySpec.from_config(OmegaConf.to_container(cfg.study)), base)
+    spec = StudySpec.from_config(OmegaConf.to_container(cfg.study))
+    if spec.tuned:
+        return [[*spec.arms[arm], *spec.spaces[arm].overrides(point), f"study.arm={arm}"]
+                for arm in spec.arms for point in searched_points(spec.spaces[arm])]  # fmt: skip
+    return study_jobs(spec, base)
+
+
+def searched_points(space: SearchSpace) -> list[tuple[int, ...]]:
+    """A tuned arm's first round, and its centre with each range at each of its hard limits."""
+    points, centre = first_design(space), space.centre()
+    for axis, dimension in enumerate(space.dimensions):
+        for limit in (getattr(dimension, "min", None), getattr(dimension, "max", None)):
+            if limit is not None:
+                points.append((*centre[:axis], dimension.index_of(format_value(limit)), *centre[axis + 1 :]))
+    return points
 
 
 @pytest.mark.parametrize("preset", PRESETS)

@@ -1,4 +1,4 @@
-"""The study sweeper: a study preset's arms x seeds as Hydra jobs.
+"""The study sweeper: a study preset's arms x seeds as Hydra jobs, and tuned studies in rounds.
 
 Hydra finds sweepers only in the ``hydra_plugins`` namespace, hence this folder. A study
 preset selects it (``override /hydra/sweeper: study``) and declares ``study.arms`` and
@@ -13,31 +13,64 @@ that sets ``seed=...`` itself runs once, with that seed (branches of one seed's 
 ``study.arm=A,B`` on the command line runs only those arms; their jobs carry the same
 overrides as in the whole study, so more seeds of a study's best arms, run into another
 folder, group with its runs in the report.
+
+A tuned study (one with a search, ``analysis/tuner.py``) runs in rounds: each round is every
+arm's next points on the tuning seeds (``++study.phase=tune``), launched as one batch; the
+next round is planned from the finished jobs' ``finished.yaml``. When no arm has a point
+left, each arm's winner runs on the judging seeds (``++study.phase=judge``). The plan is a
+pure function of the results, so the same command replays the finished rounds (their jobs
+are skipped) and continues where it stopped, and a second worker started with it runs the
+same rounds: a job that the other worker holds is waited for at the end of the round (and
+run here if that worker died).
 """
 
+import logging
+import time
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
 from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import Override
+from hydra.core.utils import JobReturn
 from omegaconf import OmegaConf
 
+from analysis.search_space import Point
 from analysis.study import StudySpec
+from analysis.tuner import Tuning, proposals
 from common.errors import ConfigError
+from launch.sweep_jobs import LOCK, MARKER, lock_is_live
+
+log = logging.getLogger(__name__)
+PHASE = "++study.phase"
+#: Seconds between two looks at a job another worker is training.
+POLL_S = 5.0
 
 
 def _key(override: str) -> str:
     return override.split("=", 1)[0].lstrip("+~")
 
 
+def _chosen_arms(spec: StudySpec, base: list[str]) -> tuple[list[str], list[str]]:
+    """The arms a base job runs (``study.arm=A`` on the command line, else all) and the base
+    job without that override."""
+    chosen = [o.split("=", 1)[1] for o in base if _key(o) == "study.arm"]
+    for arm in chosen:
+        if arm not in spec.arms:
+            raise ConfigError(f"study.arm={arm} is not an arm of this study; its arms: {', '.join(spec.arms)}")
+    return chosen or list(spec.arms), [o for o in base if _key(o) != "study.arm"]
+
+
 def study_jobs(spec: StudySpec, base_jobs: list[list[str]]) -> list[list[str]]:
     """Each base job (the command line's) crossed with every arm (or the one it names) and seed."""
     jobs = []
     for base in base_jobs:
-        chosen = [o.split("=", 1)[1] for o in base if _key(o) == "study.arm"]
-        base = [o for o in base if _key(o) != "study.arm"]
+        arms, base = _chosen_arms(spec, base)
         given = {_key(o) for o in base}
-        for arm in chosen or spec.arms:
-            if arm not in spec.arms:
-                raise ConfigError(f"study.arm={arm} is not an arm of this study; its arms: {', '.join(spec.arms)}")
+        for arm in arms:
             kept = [o for o in spec.arms[arm] if _key(o) not in given]
             seeds = [None] if "seed" in given | {_key(o) for o in kept} else spec.seeds
             for seed in seeds:
@@ -45,22 +78,137 @@ def study_jobs(spec: StudySpec, base_jobs: list[list[str]]) -> list[list[str]]:
     return jobs
 
 
+@dataclass(frozen=True)
+class TunedJob:
+    """One job of a tuned study: an arm at a point of its space, on one seed."""
+
+    arm: str
+    point: Point
+    seed: int
+    phase: str  # tune | judge
+
+
+class TunedStudy:
+    """The rounds of a tuned study: what to run next given the finished jobs' losses."""
+
+    def __init__(self, spec: StudySpec, base: list[str], arms: list[str]) -> None:
+        self.spec, self.base, self.arms = spec, base, arms
+        self.losses: dict[tuple[str, Point], dict[int, float]] = defaultdict(dict)
+        self.judged = False
+        self.select = spec.claims[0].select if spec.claims else "val/loss"
+
+    def tuning(self, arm: str) -> Tuning:
+        """The arm's search so far: each point whose every tuning seed finished, at its mean."""
+        results = {}
+        for (name, point), by_seed in self.losses.items():
+            if name == arm and set(self.spec.tuning_seeds) <= set(by_seed):
+                values = [by_seed[s] for s in self.spec.tuning_seeds]
+                results[point] = sum(values) / len(values)
+        return Tuning(self.spec.spaces[arm], results)
+
+    def next_round(self) -> list[TunedJob]:
+        """Every arm's missing points on every tuning seed; once none is left, the winners on
+        the judging seeds (and then nothing)."""
+        jobs = [TunedJob(arm, point, seed, "tune") for arm in self.arms
+                for point in proposals(self.spec.spaces[arm], self.tuning(arm).results)
+                for seed in self.spec.tuning_seeds]  # fmt: skip
+        if jobs or self.judged:
+            return jobs
+        self.judged = True
+        return [TunedJob(arm, self.tuning(arm).winner, seed, "judge") for arm in self.arms for seed in self.spec.seeds]
+
+    def overrides(self, job: TunedJob) -> list[str]:
+        given = {_key(o) for o in self.base}
+        fixed = [o for o in self.spec.arms[job.arm] if _key(o) not in given]
+        point = self.spec.spaces[job.arm].overrides(job.point)
+        return [*self.base, *fixed, *point, f"study.arm={job.arm}", f"{PHASE}={job.phase}", f"seed={job.seed}"]
+
+    def record(self, job: TunedJob, metrics: dict[str, float]) -> None:
+        if job.phase == "tune":
+            self.losses[(job.arm, job.point)][job.seed] = float(metrics.get(self.select, float("nan")))
+
+
 class StudySweeper(BasicSweeper):
-    """The basic sweeper, with each job crossed with the study's arms and seeds."""
+    """The basic sweeper, with each job crossed with the study's arms and seeds; a tuned
+    study runs in rounds."""
 
     def __init__(self, max_batch_size: int | None = None, params: dict[str, str] | None = None) -> None:
         super().__init__(max_batch_size=max_batch_size, params=params)
 
+    def _spec(self) -> StudySpec:
+        return StudySpec.from_config(OmegaConf.to_container(self.config.get("study"), resolve=True))
+
     def split_arguments(self, overrides: list[Override], max_batch_size: int | None) -> list[list[list[str]]]:
-        spec = StudySpec.from_config(OmegaConf.to_container(self.config.get("study"), resolve=True))
+        spec = self._spec()
         base = [job for batch in BasicSweeper.split_arguments(overrides, None) for job in batch]
         self._check_arms(spec)
         jobs = study_jobs(spec, base)
         size = max_batch_size or len(jobs)
         return [jobs[i : i + size] for i in range(0, len(jobs), size)]
 
+    def sweep(self, arguments: list[str]) -> Any:
+        spec = self._spec()
+        if not spec.tuned:
+            return super().sweep(arguments)
+        arms, base = _chosen_arms(spec, self._base_job(arguments))
+        study = TunedStudy(spec, base, arms)
+        self._check_arms(spec)
+        self._check_search(study)
+        sweep_dir = Path(self.config.hydra.sweep.dir)
+        sweep_dir.mkdir(parents=True, exist_ok=True)
+        OmegaConf.save(self.config, sweep_dir / "multirun.yaml")
+        returns, index = [], 0
+        while jobs := study.next_round():
+            batch = [study.overrides(job) for job in jobs]
+            self.validate_batch_is_legal(batch)
+            log.info("tuned study: %d %s jobs from job %d", len(batch), jobs[0].phase, index)
+            results = list(self.launcher.launch(batch, initial_job_idx=index))
+            for position, (job, result) in enumerate(zip(jobs, results)):
+                metrics = self._metrics(result, batch[position], index + position)
+                study.record(job, metrics)
+            index += len(batch)
+            returns.append(results)
+        return returns
+
+    def _base_job(self, arguments: list[str]) -> list[str]:
+        parser = OverridesParser.create(config_loader=self.hydra_context.config_loader)
+        base = [job for batch in BasicSweeper.split_arguments(parser.parse_overrides([*self._parse_config(), *arguments]), None) for job in batch]
+        if len(base) != 1:
+            raise ConfigError("a tuned study searches its own grid: sweep no setting on its command line (a=1,2); set one value, or add it to study.search.")
+        return base[0]
+
+    def _metrics(self, result: JobReturn, overrides: list[str], number: int) -> dict[str, float]:
+        """The job's final metrics from its ``finished.yaml``; a job another worker holds is
+        waited for, and run here if that worker is gone."""
+        _ = result.return_value  # re-raises a job's failure
+        folder = Path(result.hydra_cfg.hydra.runtime.output_dir)
+        while not (folder / MARKER).exists():
+            if not lock_is_live(folder / LOCK):
+                result = self.launcher.launch([overrides], initial_job_idx=number)[0]
+                _ = result.return_value
+                if not (folder / MARKER).exists():
+                    raise RuntimeError(f"job {number} ended without {MARKER} in {folder}: it did not reach its budget")
+                break
+            time.sleep(POLL_S)
+        return dict((yaml.safe_load((folder / MARKER).read_text()) or {}).get("metrics", {}))
+
     def _check_arms(self, spec: StudySpec) -> None:
         """Parse every arm's overrides now, so a typo fails before the first job runs."""
         parser = OverridesParser.create(config_loader=self.hydra_context.config_loader)
         for overrides in spec.arms.values():
             parser.parse_overrides(overrides)
+
+    def _check_search(self, study: TunedStudy) -> None:
+        """Every searched setting must exist in its arm's config (composed without the search),
+        so a misspelt key is one line before any job starts."""
+        missing = object()
+        for arm in study.arms:
+            given = {_key(o) for o in study.base}
+            overrides = [*study.base, *(o for o in study.spec.arms[arm] if _key(o) not in given)]
+            cfg = self.hydra_context.config_loader.load_sweep_config(self.config, overrides)
+            for key in study.spec.spaces[arm].keys:
+                if OmegaConf.select(cfg, key, default=missing) is missing:
+                    raise ConfigError(
+                        f"study.search: {key} is not a setting of arm {arm} (`python train.py --cfg job` lists the keys);"
+                        " fix the key, or add the group that defines it to the arm's overrides."
+                    )

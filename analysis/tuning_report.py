@@ -1,0 +1,93 @@
+"""What a tuned study's search found, read back from its runs: winners, statuses, figures.
+
+Each arm's tuning runs (``study.phase=tune``, finished) are placed on its search space by
+their overrides; a point counts once every tuning seed finished, at the mean of ``select``
+over them. The tuner's own rule (``analysis/tuner.py``) then names the winner and the status
+of each dimension, so the report and the sweeper can never disagree on them.
+"""
+
+import textwrap
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+from analysis.runs import Run  # noqa: E402
+from analysis.search_space import Choice, Range  # noqa: E402
+from analysis.study import StudySpec  # noqa: E402
+from analysis.tuner import Tuning  # noqa: E402
+
+
+def tunings(spec: StudySpec, runs: list[Run], select: str = "val/loss") -> dict[str, Tuning]:
+    """Each tuned arm's search as its finished tuning runs show it."""
+    found: dict[str, Tuning] = {}
+    for arm, space in spec.spaces.items():
+        by_point: dict[tuple[int, ...], dict[int, float]] = {}
+        for run in runs:
+            if run.arm != arm or run.phase != "tune" or not run.finished:
+                continue
+            point, value = space.point_of(run.overrides), run.final(select)
+            if point is not None and value is not None and run.seed is not None:
+                by_point.setdefault(point, {})[run.seed] = value
+        results = {p: sum(v[s] for s in spec.tuning_seeds) / len(spec.tuning_seeds)
+                   for p, v in by_point.items() if set(spec.tuning_seeds) <= set(v)}  # fmt: skip
+        found[arm] = Tuning(space, results)
+    return found
+
+
+def tuning_table(found: dict[str, Tuning]) -> str:
+    """Per arm: runs searched, the winner's settings and loss, each dimension's status."""
+    lines = ["| arm | points run | winner | tuning loss | dimensions |", "|---|---|---|---|---|"]
+    for arm, tuning in found.items():
+        if tuning.winner is None:
+            lines.append(f"| {arm} | 0 | - | - | not run |")
+            continue
+        settings = ", ".join(f"{k}={v}" for k, v in tuning.space.labels(tuning.winner).items()) or "(nothing searched)"
+        statuses = ", ".join(f"{k.split('.')[-1]}: {s}" for k, s in tuning.statuses.items()) or "-"
+        loss = tuning.results.get(tuning.winner)
+        lines.append(f"| {arm} | {len(tuning.results)} | {settings} | {'-' if loss is None else f'{loss:.4f}'} | {statuses} |")
+    return "\n".join(lines)
+
+
+def tuning_figures(found: dict[str, Tuning], out: Path, select: str = "val/loss") -> list[Path]:
+    """One PNG per searched setting: each arm's loss along that setting with its other settings
+    at the winner's (the line the bracketing rule looks at), the winner starred."""
+    keys = list(dict.fromkeys(d.key for t in found.values() for d in t.space.dimensions))
+    written = []
+    for key in keys:
+        figure, axis = plt.subplots(figsize=(7, 4.5))
+        drawn_any = False
+        for arm, tuning in found.items():
+            axes = [i for i, d in enumerate(tuning.space.dimensions) if d.key == key]
+            if not axes or tuning.winner not in tuning.results:
+                continue
+            index, dimension = axes[0], tuning.space.dimensions[axes[0]]
+            points = sorted(_on_line(tuning, index), key=lambda p: p[index])
+            categorical, drawn_any = isinstance(dimension, Choice), True
+            xs = [p[index] if categorical else dimension.value(p[index]) for p in points]
+            (drawn,) = axis.plot(xs, [tuning.results[p] for p in points], marker="o", label=f"{arm} ({tuning.statuses[key]})")
+            best = tuning.winner[index] if categorical else dimension.value(tuning.winner[index])
+            axis.plot([best], [tuning.results[tuning.winner]], marker="*", markersize=16, color=drawn.get_color())
+            if categorical:
+                axis.set_xticks(list(dimension.first_grid), [textwrap.fill(dimension.label(i), 18) for i in dimension.first_grid], fontsize="small")
+            elif isinstance(dimension, Range) and dimension.scale == "log":
+                axis.set_xscale("log")
+        if not drawn_any:
+            plt.close(figure)
+            continue
+        axis.set(xlabel=key, ylabel=f"final {select} (mean over tuning seeds)",
+                 title=textwrap.fill(f"{key}: each arm at its winner's other settings (star: winner)", 70))  # fmt: skip
+        axis.legend(fontsize="small")
+        path = out / f"tuning_{key.replace('.', '_')}.png"
+        figure.savefig(path, dpi=120, bbox_inches="tight")
+        plt.close(figure)
+        written.append(path)
+    return written
+
+
+def _on_line(tuning: Tuning, index: int) -> list[tuple[int, ...]]:
+    """Every point run that differs from the winner only along ``index`` (the winner too)."""
+    winner = tuning.winner
+    return [p for p in tuning.results if all(a == b for i, (a, b) in enumerate(zip(p, winner)) if i != index)]

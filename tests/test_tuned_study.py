@@ -1,0 +1,92 @@
+"""A tuned study end to end through `train.py -m`: the search extends the grid to the winner,
+the winner is judged on other seeds with a paired interval, the same command resumes, and a
+searched key that does not exist is one line before any job starts."""
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from analysis.report import study_report
+from analysis.runs import load_run
+from tests.run_helpers import REPO, TINY, run_train
+
+SETTINGS = [o for o in TINY if not o.startswith(("optimizer.lr=", "token_budget="))]
+STUDY = ["hydra.mode=MULTIRUN", f"hydra.searchpath=[file://{REPO / 'tests' / 'configs'}]", "+sweep=tiny_tuned",
+         *SETTINGS, "token_budget=1536", "callbacks.model_checkpoint.every_n_train_steps=2"]  # fmt: skip
+
+
+def sweep(folder: Path, cache: Path, *extra: str) -> subprocess.CompletedProcess:
+    return run_train([*STUDY, f"hydra.sweep.dir={folder}", *extra], folder.parent / "unused", cache)
+
+
+def val_loss(job: Path) -> float:
+    return yaml.safe_load((job / "finished.yaml").read_text())["metrics"]["val/loss"]
+
+
+@pytest.fixture(scope="module")
+def study(tmp_path_factory) -> tuple[Path, Path]:
+    folder, cache = tmp_path_factory.mktemp("tuned") / "sweep", tmp_path_factory.getbasetemp() / "cache"
+    result = sweep(folder, cache)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return folder, cache
+
+
+def test_the_search_extends_past_the_edge_then_judges_the_winner_on_other_seeds(study) -> None:
+    folder, _ = study
+    runs = [load_run(folder / str(job)) for job in range(7)]
+    tried = [(run.arm, run.phase, run.seed, run.setting("optimizer.lr")) for run in runs]
+    # Round 1: the first grid (1e-3, 4e-3) on the tuning seed; 4e-3 won on the edge, so round 2
+    # tries one step beyond (1.6e-2, the hard limit); then the winner and the fixed arm on 2, 3.
+    assert tried == [("tuned", "tune", 1, 1e-3), ("tuned", "tune", 1, 4e-3), ("tuned", "tune", 1, 1.6e-2),
+                     ("tuned", "judge", 2, 1.6e-2), ("tuned", "judge", 3, 1.6e-2),
+                     ("fixed", "judge", 2, 1e-4), ("fixed", "judge", 3, 1e-4)]  # fmt: skip
+    losses = [val_loss(folder / str(job)) for job in range(3)]
+    assert losses[2] < losses[1] < losses[0]
+
+
+def test_the_report_reads_the_search_back_and_judges_on_the_judging_seeds_only(study, tmp_path: Path) -> None:
+    folder, _ = study
+    report = study_report([folder])
+    tuning = report.tunings["tuned"]
+    assert tuning.statuses == {"optimizer.lr": "at limit"} and tuning.tuned and len(tuning.results) == 3
+    assert [group.name for group in report.judged_groups] == ["tuned optimizer.lr=0.016", "fixed"]
+    (verdict,) = report.verdicts
+    by_seed = {seed: val_loss(folder / str(job)) - val_loss(folder / str(job + 2)) for seed, job in ((2, 3), (3, 4))}
+    mean = sum(by_seed.values()) / 2
+    assert verdict.verdict == "holds" and f"paired {mean:.4g} [" in verdict.measured[0] and "unpaired" in verdict.measured[0]
+    result = subprocess.run(["python", str(REPO / "scripts" / "report.py"), str(folder), "--out", str(tmp_path)],
+                            capture_output=True, text=True, cwd=REPO)  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert "| tuned | 3 | optimizer.lr=0.016 |" in result.stdout and "lr: at limit" in result.stdout
+    assert (tmp_path / "tuning_optimizer_lr.png").read_bytes().startswith(b"\x89PNG")
+
+
+def test_the_same_command_resumes_a_study_stopped_mid_search(study, tmp_path: Path) -> None:
+    original, cache = study
+    folder = tmp_path / "sweep"
+    shutil.copytree(original, folder)
+    # Stopped during round 2: job 2 killed after its step-4 checkpoint, no judging job yet.
+    for leftover in ("finished.yaml", "checkpoints/last.ckpt", "checkpoints/step000006.ckpt"):
+        (folder / "2" / leftover).unlink()
+    for job in range(3, 7):
+        shutil.rmtree(folder / str(job))
+    result = sweep(folder, cache)
+    assert result.returncode == 0, result.stderr[-3000:]
+    output = result.stdout + result.stderr
+    assert "skipped job 0" in output and "skipped job 1" in output and "resuming job 2 from" in output
+    assert output.count("finished at step") == 5  # job 2's rest and the four judging jobs
+    assert [val_loss(folder / str(job)) for job in range(7)] == [val_loss(original / str(job)) for job in range(7)]
+
+
+def test_a_searched_key_that_does_not_exist_is_one_line_before_any_job(tmp_path: Path) -> None:
+    folder = tmp_path / "sweep"
+    result = sweep(folder, tmp_path / "cache", "+study.search={optimizer.lrr:{low:0.001,high:0.004}}")
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        "error: study.search: optimizer.lrr is not a setting of arm tuned (`python train.py --cfg job` lists the keys);"
+        " fix the key, or add the group that defines it to the arm's overrides."
+    ]
+    assert not folder.exists()
