@@ -1,8 +1,8 @@
 """Resuming: refuse a checkpoint that cannot continue this run, before any data is read.
 
 What cannot change on resume (the checkpoint's weights, optimizer state or data position
-would not fit): the model's shape, the optimizer's kind, the packed sequence length, and
-the replicas of simulated DiLoCo. A
+would not fit): the model's shape, the optimizer's kind, the packed sequence length, the
+replicas of simulated DiLoCo, and the process count of real DiLoCo replicas. A
 missing, unreadable or foreign checkpoint is refused too. Settings that may change (the
 learning rate and its schedule, the token budget, the global batch without a batch-size
 technique) are applied, each with one line in the log: see
@@ -37,10 +37,22 @@ def checkpoint_metadata(path: str) -> dict[str, Any]:
     return checkpoint
 
 
-def check_resume(path: str, model: LlamaConfig, seq_len: int, sequential_replicas: int, optimizer: str) -> None:
+def check_resume(
+    path: str, model: LlamaConfig, seq_len: int, sequential_replicas: int, optimizer: str, world_size: int
+) -> None:
     """Raise ``CheckpointError`` naming the setting that must match the checkpoint's run
-    (``optimizer``: the kind of this run's optimizer, whose state the checkpoint must hold)."""
+    (``optimizer``: the kind of this run's optimizer, whose state the checkpoint must hold).
+
+    The process count may change (the weights and optimizer state are resharded, the data
+    continues at the checkpoint's sequence), except under real DiLoCo replicas, whose
+    checkpoint holds one replica state per process."""
     checkpoint = checkpoint_metadata(path)
+    replica_ranks = checkpoint.get("diloco_ranks")
+    if replica_ranks is not None and len(replica_ranks) != world_size:
+        raise CheckpointError(
+            f"ckpt_path={path} holds the DiLoCo replica states of {len(replica_ranks)} processes, but this run has"
+            f" {world_size}; resume real DiLoCo replicas on {len(replica_ranks)} processes (trainer.devices x trainer.num_nodes)."
+        )
     saved = checkpoint.get("hyper_parameters", {})
     saved_optimizer = saved.get("optimizer", {}).get("kind", "adamw")  # checkpoints before the optimizer group: AdamW
     if saved_optimizer != optimizer:

@@ -55,7 +55,8 @@ def train(cfg: DictConfig, settings: RunSettings) -> RunResult:
     module = build_module(cfg, settings, datamodule.vocab_size)
     if cfg.get("ckpt_path"):
         check_resume(
-            cfg.ckpt_path, module.model_config, datamodule.seq_len, settings.run.sequential_replicas, settings.optimizer.kind
+            cfg.ckpt_path, module.model_config, datamodule.seq_len, settings.run.sequential_replicas, settings.optimizer.kind,
+            world,
         )
     loggers = build_loggers(cfg)
     trainer = build_trainer(cfg, settings, loggers, build_callbacks(cfg, settings))

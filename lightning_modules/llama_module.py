@@ -334,6 +334,7 @@ class LlamaLightningModule(L.LightningModule):
         sequence count, and a resumed run simply recomputes the partial step.
         """
         checkpoint["training_state"] = self.training_state.state_dict()
+        checkpoint["world_size"] = self.trainer.world_size
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         """Continue the checkpoint's clock and batch; settings changed since are applied and logged.
@@ -344,7 +345,14 @@ class LlamaLightningModule(L.LightningModule):
         """
         state = self.training_state
         state.load_state_dict(checkpoint["training_state"])
-        for note in resume_notes(checkpoint.get("hyper_parameters", {}), self.hparams):
+        notes = resume_notes(checkpoint.get("hyper_parameters", {}), self.hparams)
+        written_by = checkpoint.get("world_size", self.trainer.world_size)
+        if written_by != self.trainer.world_size:
+            notes.append(
+                f"resuming on {self.trainer.world_size} processes (the checkpoint's run had {written_by}):"
+                f" the weights and optimizer state are resharded, the data continues at sequence {state.clock.sequences:,}"
+            )
+        for note in notes:
             log.info(note)
         configured = self.batch_config.global_batch_size
         if not self.batch_scheduled and state.global_batch.size != configured:

@@ -71,6 +71,12 @@ class TokenProgressBar(TQDMProgressBar):
         metrics = trainer.progress_bar_metrics
         return {label: readable(float(metrics[key])) for key, label in SHOWN.items() if key in metrics}
 
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        """Time from here: a run resumed mid-epoch gets no epoch start from Lightning."""
+        super().on_train_start(trainer, pl_module)
+        self._started = self._last_line = time.monotonic()
+        self._start_tokens = pl_module.training_state.clock.tokens
+
     def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         super().on_train_epoch_start(trainer)
         state = pl_module.training_state
