@@ -15,6 +15,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
+from common.data_groups import DataGroups
 from lightning_modules.global_batch import BatchConfig, GlobalBatch
 from lightning_modules.lr_schedule import LRScheduleConfig
 
@@ -43,6 +44,8 @@ class RunContext:
     save_distributed_checkpoint: bool
     n_layers: int
     sequential_replicas: int = 1
+    #: The jobs this one shares the global batch and data with (torchft replica groups).
+    data_groups: DataGroups = DataGroups()
     #: The micro-batch every rank runs; None while the process count is unknown.
     micro_batch_size: int | None = None
 
@@ -50,7 +53,8 @@ class RunContext:
         """The global batch arithmetic of this run (None while the process count is unknown)."""
         if self.micro_batch_size is None or self.world_size is None:
             return None
-        return GlobalBatch(self.batch, self.micro_batch_size, self.world_size, self.sequential_replicas)
+        ranks = self.data_groups.data_parallel_size(self.world_size)
+        return GlobalBatch(self.batch, self.micro_batch_size, ranks, self.sequential_replicas)
 
 
 @dataclass(kw_only=True)
@@ -68,6 +72,10 @@ class TechniqueSettings(ABC):
     def sequential_replicas(self, run: RunContext) -> int:
         """Optimizer steps one process takes per global step (simulated DiLoCo replicas), else 1."""
         return 1
+
+    def data_groups(self) -> DataGroups:
+        """The jobs this run shares its global batch and data with (torchft DiLoCo groups)."""
+        return DataGroups()
 
     def min_accumulation(self, run: RunContext) -> int:
         """Micro-batches per optimizer step the technique needs, for the automatic micro-batch."""

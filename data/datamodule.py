@@ -20,6 +20,7 @@ from typing import Any
 import lightning as L
 from torch.utils.data import DataLoader
 
+from common.data_groups import DataGroups
 from data.batches import ChainedBatches, TrainBatches, ValidationBatches
 from data.config_checks import as_plain_dict, check_seq_len
 from data.fingerprint import digest_json
@@ -72,11 +73,14 @@ class TextDataModule(L.LightningDataModule):
         seed: int,
         cache_dir: str,
         mixture: Mapping[str, Any] | None = None,
+        data_groups: DataGroups | Mapping[str, int] = DataGroups(),
     ) -> None:
         super().__init__()
         # Saved into checkpoints (``datamodule_hyper_parameters``), so tools that read a
         # checkpoint alone (evaluation, export) can rebuild its tokenizer and corpus.
-        self.save_hyperparameters()
+        self.save_hyperparameters(ignore=["data_groups"])
+        # Hydra's instantiate hands a dataclass argument over as a mapping.
+        self.data_groups = data_groups if isinstance(data_groups, DataGroups) else DataGroups(**data_groups)
         _check_settings(seq_len, micro_batch_size, val_fraction, val_max_rows, shuffle, seed)
         self.parts = _source_parts(source, mixture)
         self.tokenizer_config = check_tokenizer_config(as_plain_dict(tokenizer, "data.tokenizer"))
@@ -143,12 +147,21 @@ class TextDataModule(L.LightningDataModule):
     # -- data parallelism ----------------------------------------------------------------
 
     @property
-    def dp_rank(self) -> int:
+    def job_rank(self) -> int:
         return self.trainer.global_rank if self.trainer is not None else 0
 
     @property
-    def dp_size(self) -> int:
+    def job_size(self) -> int:
         return self.trainer.world_size if self.trainer is not None else 1
+
+    @property
+    def dp_rank(self) -> int:
+        """This rank's slice of the training stream, among every data group's ranks."""
+        return self.data_groups.data_parallel_rank(self.job_rank, self.job_size)
+
+    @property
+    def dp_size(self) -> int:
+        return self.data_groups.data_parallel_size(self.job_size)
 
     # -- Lightning hooks -----------------------------------------------------------------
 
@@ -208,7 +221,7 @@ class TextDataModule(L.LightningDataModule):
         """The same validation rows every time, at full seq_len, split evenly over ranks; a
         mixture's batches come source after source, each tagged with its source's name."""
         batches = [
-            ValidationBatches(rows, self.micro_batch_size, self.dp_rank, self.dp_size, self.val_max_rows, part.name)
+            ValidationBatches(rows, self.micro_batch_size, self.job_rank, self.job_size, self.val_max_rows, part.name)
             for part, rows in zip(self.parts, self._val_parts())
         ]
         return DataLoader(ChainedBatches(batches), batch_size=None, num_workers=0)
@@ -229,6 +242,14 @@ class TextDataModule(L.LightningDataModule):
         if state is not None:
             return state.clock.sequences
         return self._sampler.position if self._sampler is not None else self._start_position
+
+    def seek(self, position: int) -> None:
+        """Continue the training stream at a global position: the clock's, when it moved before
+        the first batch (a replica group that rejoined its peers at their step)."""
+        check_position(position, self.micro_batch_size, self.dp_size)
+        self._start_position = position
+        if self._sampler is not None:
+            self._sampler.position = position
 
     def state_dict(self) -> dict[str, Any]:
         state = {

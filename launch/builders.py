@@ -48,7 +48,9 @@ def processes(trainer: DictConfig) -> int:
 
 
 def build_datamodule(cfg: DictConfig, settings: RunSettings) -> TextDataModule:
-    return instantiate_checked(cfg.data, "data", micro_batch_size=settings.run.micro_batch_size, _convert_="all")
+    return instantiate_checked(
+        cfg.data, "data", micro_batch_size=settings.run.micro_batch_size, data_groups=settings.run.data_groups, _convert_="all"
+    )
 
 
 def vocab_for(model: LlamaConfig, tokenizer_vocab_size: int) -> LlamaConfig:
@@ -81,6 +83,7 @@ def build_module(cfg: DictConfig, settings: RunSettings, vocab_size: int) -> Lla
         micro_batch_size=settings.run.micro_batch_size,
         token_budget=settings.token_budget,
         sequential_replicas=settings.run.sequential_replicas,
+        data_groups=settings.run.data_groups,
         batch_scheduled=any(technique.sets_global_batch for technique in settings.techniques.values()),
         init_state_dict=init_state_dict,
     )

@@ -17,6 +17,7 @@ from callbacks.technique import RunContext, TechniqueSettings
 from data.config_checks import check_seq_len
 from common.errors import ConfigError
 from launch.typed_settings import coerce, plain, settings_from_config
+from common.data_groups import DataGroups
 from lightning_modules.global_batch import BatchConfig, micro_batch_size_for
 from lightning_modules.llama import LlamaConfig
 from lightning_modules.lr_schedule import LRScheduleConfig
@@ -139,8 +140,10 @@ def check_config(cfg: DictConfig, processes: int | None = None) -> RunSettings:
     )
     replicas = max([settings.sequential_replicas(run) for settings in techniques.values()], default=1)
     accumulation = max([settings.min_accumulation(run) for settings in techniques.values()], default=1)
-    micro = micro_batch_size_for(batch, run.world_size, replicas, accumulation) if run.world_size else None
-    run = dataclasses.replace(run, sequential_replicas=replicas, micro_batch_size=micro)
+    groups = max([settings.data_groups() for settings in techniques.values()], key=lambda g: g.count, default=DataGroups())
+    ranks = groups.data_parallel_size(run.world_size) if run.world_size else None
+    micro = micro_batch_size_for(batch, ranks, replicas, accumulation) if ranks else None
+    run = dataclasses.replace(run, sequential_replicas=replicas, data_groups=groups, micro_batch_size=micro)
     _check_budget(run, lr_schedule)
     _check_strategy(run, layout, cfg)
     optimizer.check(run.strategy)

@@ -75,6 +75,8 @@ def coerce(value: Any, hint: Any, key: str) -> Any:
         if not isinstance(value, (list, tuple)):
             raise ConfigError(f"{key}={value!r} must be {describe(hint)}.")
         return [coerce(item, args[0], f"{key}[{i}]") for i, item in enumerate(value)] if args else list(value)
+    if dataclasses.is_dataclass(hint):  # a nested section, e.g. technique.diloco.torchft
+        return settings_from_config(hint, value, key)
     if origin is dict or hint is dict:
         if not isinstance(value, dict):
             raise ConfigError(f"{key}={value!r} must be {describe(hint)}.")

@@ -4,9 +4,10 @@
 
 *Sequential replicas* are replicas that one process trains one after another within a
 global step (simulated DiLoCo): each takes its own optimizer step on global / replicas
-sequences. Techniques ask for a new size at any step boundary; the request is rounded up
-to a valid multiple, capped, and applied when the next global step begins, so a global
-step never changes size halfway.
+sequences. The data-parallel ranks include those of other *data groups* (jobs that train
+one global batch together, ``common/data_groups.py``). Techniques ask for a new size at any
+step boundary; the request is rounded up to a valid multiple, capped, and applied when the
+next global step begins, so a global step never changes size halfway.
 
 Torch-free, so that settings are checked before the heavy imports.
 """

@@ -22,6 +22,7 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_
 from torch.distributed.fsdp.wrap import wrap
 
 from callbacks.step_callback import StepCallback
+from common.data_groups import DataGroups
 from lightning_modules.global_batch import BatchConfig, GlobalBatch
 from lightning_modules.llama import Llama, LlamaConfig, seed_from_global_rng
 from lightning_modules.meta_init import fsdp1_param_init_fn, materialize_and_init
@@ -68,6 +69,7 @@ class LlamaLightningModule(L.LightningModule):
         micro_batch_size: int,
         token_budget: int | None,
         sequential_replicas: int = 1,
+        data_groups: DataGroups = DataGroups(),
         batch_scheduled: bool = False,
         init_state_dict: dict[str, torch.Tensor] | None = None,
     ) -> None:
@@ -89,8 +91,9 @@ class LlamaLightningModule(L.LightningModule):
         self.lr_schedule, self.batch_config, self.layout = lr_schedule, batch, layout
         self._init_state_dict = init_state_dict
         self.batch_scheduled = batch_scheduled
+        self.data_groups = data_groups
         self.model: Llama | None = None
-        global_batch = GlobalBatch(batch, micro_batch_size, sequential_replicas=sequential_replicas)
+        global_batch = GlobalBatch(batch, micro_batch_size, data_groups.data_parallel_size(1), sequential_replicas)
         self.training_state = TrainingState(global_batch, token_budget, model, layout, log_every_n_steps=1)
         self._step_loss = torch.zeros(())
         self._step_tokens = 0
@@ -160,9 +163,8 @@ class LlamaLightningModule(L.LightningModule):
             return
         state = self.training_state
         previous = state.global_batch
-        state.global_batch = GlobalBatch(
-            self.batch_config, previous.micro_batch_size, self.trainer.world_size, previous.sequential_replicas
-        )
+        ranks = self.data_groups.data_parallel_size(self.trainer.world_size)
+        state.global_batch = GlobalBatch(self.batch_config, previous.micro_batch_size, ranks, previous.sequential_replicas)
         state.global_batch.load_state_dict(previous.state_dict())
         state.log_every_n_steps = self.trainer.log_every_n_steps
         self._step_callbacks = [callback for callback in self.trainer.callbacks if isinstance(callback, StepCallback)]
@@ -234,9 +236,9 @@ class LlamaLightningModule(L.LightningModule):
         optimizer.step()  # clips in on_before_optimizer_step, after any loss-scale unscaling
         optimizer.zero_grad(set_to_none=True)
 
-        # Every rank trains the same shapes, so global tokens = local tokens x ranks.
-        world = self.trainer.world_size
-        state.clock.advance(state.global_batch.sequences_per_optimizer_step, self._step_tokens * world)
+        # Every rank (of every data group) trains the same shapes: global tokens = local tokens x ranks.
+        ranks = self.data_groups.data_parallel_size(self.trainer.world_size)
+        state.clock.advance(state.global_batch.sequences_per_optimizer_step, self._step_tokens * ranks)
         state.micro_batch_index = 0
         state.local_step_loss = self._step_loss / state.global_batch.accumulation
         state.step_loss = self.trainer.strategy.reduce(state.local_step_loss.clone(), reduce_op="mean")  # reduces in place
@@ -360,9 +362,12 @@ class LlamaLightningModule(L.LightningModule):
             state.global_batch.size = configured
 
     def on_train_start(self) -> None:
-        """Put the configured optimizer settings into a (possibly restored) optimizer; a run
-        resumed from a checkpoint taken at its end stops before taking another step."""
+        """Put the configured optimizer settings into a (possibly restored) optimizer; read the
+        data from the clock's position (which a replica group that rejoined its peers moved);
+        a run resumed from a checkpoint taken at its end stops before taking another step."""
         self.optimizer_config.apply(self.training_state.optimizer)
+        if hasattr(self.trainer.datamodule, "seek"):
+            self.trainer.datamodule.seek(self.training_state.clock.sequences)
         if self.training_state.clock.steps and self._ends_training():
             log.info("the checkpoint is at the end of training (step %d): nothing left to train", self.training_state.clock.steps)
             self.trainer.should_stop = True

@@ -17,6 +17,9 @@ Two ways to run the replicas (``replicas.py``):
   weights and inner optimizer state; each turn trains on the next B / M sequences. The
   training state counts M optimizer steps per global step, so the LR schedule and other
   step-based schedules follow the global step. ``trainer.max_steps`` counts optimizer steps.
+- **Fault-tolerant groups** (``backend=torchft``): each replica is a job of its own, one
+  process, and torchft's lighthouse keeps the membership (``torchft_group.py``): a group that
+  dies is left out from the next round on, one that restarts rejoins from a live peer.
 
 Checkpoints hold the anchors, the outer optimizer's state, the exchanges in flight and every
 replica's weights and inner optimizer state (gathered from all ranks into the single
@@ -29,12 +32,17 @@ memory; simulation adds M - 1 copies of the weights and M - 1 inner optimizer st
 Logged at each sync: ``diloco/round`` (completed syncs of the last fragment),
 ``diloco/fragment`` (which synced; -1 for the final averaging), ``diloco/pseudo_grad_norm``
 (of the averaged pseudo-gradient of that fragment), ``diloco/bytes_per_sync`` (what all
-workers sent for it), ``diloco/bytes_per_token`` and ``diloco/dp_bytes_per_token`` (all
-exchanges so far per token trained, against fp32 data parallelism over the same M
-workers); at logging steps ``diloco/replica_<r>_loss``.
+workers sent for it), ``diloco/sync_seconds`` (the exchange and the outer step, in this
+process), ``diloco/bytes_per_token`` and ``diloco/dp_bytes_per_token`` (all exchanges so
+far per token trained, against fp32 data parallelism over the same M workers); at logging
+steps ``diloco/replica_<r>_loss``. With torchft also ``diloco/groups`` (the groups the sync
+averaged over), ``diloco/discarded_rounds`` and, on a group that rejoined,
+``diloco/rejoin_seconds``.
 """
 
-from typing import Any
+import logging
+import time
+from typing import TYPE_CHECKING, Any
 
 import lightning as L
 import torch
@@ -51,6 +59,11 @@ from callbacks.step_callback import StepCallback
 from lightning_modules.sharded_sums import local, shard_groups, sum_over_shards
 from lightning_modules.training_state import TrainingState
 
+if TYPE_CHECKING:
+    from callbacks.diloco.torchft_group import TorchftGroup
+
+log = logging.getLogger(__name__)
+
 
 class DiLoCo(StepCallback):
     """Runs the replicas and their outer loop (settings: ``DiLoCoSettings``)."""
@@ -66,11 +79,14 @@ class DiLoCo(StepCallback):
         self._parameters: list[torch.nn.Parameter] = []
         self._losses: dict[int, torch.Tensor] = {}
         self._loaded: dict[str, Any] | None = None
+        self._groups: TorchftGroup | None = None  # backend=torchft: this job's replica group
+        self._groups_state: dict[str, int] | None = None  # its torchft step, from a checkpoint
+        self._sync_seconds = 0.0
 
     # ------------------------------------------------------------------ build time
     def shard_mesh(self, mesh: DeviceMesh) -> DeviceMesh:
         """Real replicas shard only within a replica; the replica dimension carries the exchange."""
-        if self.simulated or self.settings.replicas == 1:
+        if self.simulated or self.settings.replicas == 1 or self.settings.fault_tolerant:
             return mesh
         mesh_2d = replica_mesh(mesh, self.settings.replicas)
         self._group = mesh_2d["replica"].get_group()
@@ -86,6 +102,8 @@ class DiLoCo(StepCallback):
         self._replicas = Replicas(self._parameters, state.optimizer, self.settings.replicas if self.simulated else 1)
         device = torch.device("cpu") if self.settings.state_device == "cpu" else None
         anchors = [local(p).detach().float().clone().to(device or p.device) for p in self._parameters]
+        if self.settings.fault_tolerant:
+            self._groups = self._join_groups(trainer, state)
         self._sync = FragmentSync(
             weights=self._replicas.weights,
             fragments=split_parameters(names, self.n_layers, self.settings.fragments),
@@ -96,10 +114,52 @@ class DiLoCo(StepCallback):
             compression=self.settings.compression,
             group=self._group,
             norm=self._norm,
+            average=self._groups.average if self._groups is not None else None,
         )
         if self._loaded is not None:
             self._restore(self._loaded)
             self._loaded = None
+        if self._groups is not None:
+            self._begin_round(state)
+
+    # ------------------------------------------------------------------ torchft groups
+    def _join_groups(self, trainer: L.Trainer, state: TrainingState) -> "TorchftGroup":
+        """This job's replica group in the torchft quorum, with what a live peer sends a
+        group that rejoins (its DiLoCo state and clock) and what every group must agree on."""
+        from callbacks.diloco.torchft_group import TorchftGroup
+
+        agreed = {"model": repr(state.model_config), "replicas": self.settings.replicas, "sync_every": self.settings.sync_every,
+                  "outer_lr": self.settings.learning_rate, "outer_optimizer": repr(self.settings.outer_optimizer),
+                  "global_batch": state.global_batch.size, "seq_len": trainer.datamodule.seq_len,
+                  "token_budget": state.token_budget}  # fmt: skip
+        groups = TorchftGroup(self.settings.torchft, lambda: self._recovery_state(state), lambda s: self._recover(state, s), agreed)
+        if self._groups_state is not None:  # resumed from this group's own checkpoint
+            groups.load_state_dict(self._groups_state)
+        return groups
+
+    def _recovery_state(self, state: TrainingState) -> dict[str, Any]:
+        """What this group sends one that rejoins: at a round's start its weights are the anchors."""
+        return {"diloco": self._rank_state(), "clock": state.clock.state_dict(), "counters": self.state_dict()}
+
+    def _recover(self, state: TrainingState, received: dict[str, Any]) -> None:
+        self._restore(received["diloco"])
+        state.clock.load_state_dict(received["clock"])
+        counters = dict(received["counters"])
+        counters.pop("torchft", None)
+        self.load_state_dict(counters)
+
+    def _begin_round(self, state: TrainingState) -> None:
+        self._groups.begin_round()
+        if self._groups.healed_in is not None:
+            log.info(
+                "rejoined the DiLoCo replica groups at global step %d (round %d) with a live peer's state, in %.2f s",
+                state.global_steps, self.syncs, self._groups.healed_in,
+            )  # fmt: skip
+            state.record_metric("diloco/rejoin_seconds", self._groups.healed_in)
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if self._groups is not None:
+            self._groups.shutdown()
 
     # ------------------------------------------------------------------ step hooks
     def on_step_start(self, state: TrainingState) -> None:
@@ -120,11 +180,18 @@ class DiLoCo(StepCallback):
         if not state.at_global_step_end:
             return
         self.dp_bytes += self._dp_bytes_per_step
+        discarded, started = self._sync.discarded, time.perf_counter()
         records = self._sync.after_global_step(state.global_steps)
         if state.stopping:
             records += self._sync.finish()
+        self._sync_seconds = time.perf_counter() - started
         for record in records:
             self._log_sync(state, record)
+        if self._sync.discarded > discarded:
+            log.info("round discarded at global step %d: a replica group failed during it", state.global_steps)
+            state.record_metric("diloco/discarded_rounds", self._sync.discarded)
+        if self._groups is not None and not state.stopping and state.global_steps % self.settings.sync_every == 0:
+            self._begin_round(state)
         if state.is_logging_step:
             self._record_losses(state)
 
@@ -142,7 +209,10 @@ class DiLoCo(StepCallback):
         return sum_over_shards(partials).sqrt()
 
     def _log_sync(self, state: TrainingState, record: SyncRecord) -> None:
-        sent = bytes_sent_per_sync(self._model_size(record.indices), self.settings.replicas, self.settings.compression)
+        replicas = self._groups.groups_present if self._groups is not None else self.settings.replicas
+        sent = bytes_sent_per_sync(self._model_size(record.indices), replicas, self.settings.compression)
+        if self._groups is not None:
+            state.record_metric("diloco/groups", replicas)
         self.bytes_sent += sent
         if record.fragment == self.settings.fragments - 1:
             self.syncs += 1
@@ -153,6 +223,7 @@ class DiLoCo(StepCallback):
                 "diloco/fragment": -1 if record.fragment is None else record.fragment,
                 "diloco/pseudo_grad_norm": record.norm,
                 "diloco/bytes_per_sync": sent,
+                "diloco/sync_seconds": self._sync_seconds,
                 "diloco/bytes_per_token": self.bytes_sent / tokens,
                 "diloco/dp_bytes_per_token": self.dp_bytes / tokens,
             }
@@ -166,6 +237,8 @@ class DiLoCo(StepCallback):
         state.record_metrics({f"diloco/replica_{r}_loss": loss for r, loss in sorted(self._losses.items())})
 
     def _replica_losses(self, step_loss: torch.Tensor) -> dict[int, torch.Tensor]:
+        if self.settings.fault_tolerant:
+            return {self.settings.torchft.group: step_loss}
         if self.settings.replicas == 1 or not dist.is_initialized():
             return {0: step_loss}
         everyone = [torch.zeros_like(step_loss) for _ in range(dist.get_world_size())]
@@ -197,7 +270,11 @@ class DiLoCo(StepCallback):
             self._loaded = checkpoint["diloco_ranks"][trainer.global_rank]
 
     def state_dict(self) -> dict[str, Any]:
-        return {"syncs": self.syncs, "bytes_sent": self.bytes_sent, "dp_bytes": self.dp_bytes}
+        counters = {"syncs": self.syncs, "bytes_sent": self.bytes_sent, "dp_bytes": self.dp_bytes}
+        if self._groups is not None:
+            counters["torchft"] = self._groups.state_dict()
+        return counters
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.syncs, self.bytes_sent, self.dp_bytes = state_dict["syncs"], state_dict["bytes_sent"], state_dict["dp_bytes"]
+        self._groups_state = state_dict.get("torchft")

@@ -50,12 +50,11 @@ class Exchange:
         self._result: list[torch.Tensor] | None = None
 
     @classmethod
-    def done(cls, values: list[torch.Tensor]) -> "Exchange":
-        exchange = cls(None, [])
-        exchange._result = values
-        return exchange
+    def done(cls, values: list[torch.Tensor] | None) -> "Exchange":
+        """An exchange already complete (None: a round the replica groups discarded)."""
+        return cls(lambda: values, [])
 
-    def wait(self) -> list[torch.Tensor]:
+    def wait(self) -> list[torch.Tensor] | None:
         if self._result is None:
             for work in self._works:
                 work.wait()

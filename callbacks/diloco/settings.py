@@ -4,17 +4,48 @@ Torch-free apart from checking the outer optimizer, which imports ``torch.optim`
 """
 
 import importlib
+import importlib.util
+import os
+import socket
 from dataclasses import dataclass
+from urllib.parse import urlparse
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from callbacks.diloco.exchange import COMPRESSIONS
 from callbacks.technique import RunContext, TechniqueSettings
+from common.data_groups import DataGroups
 from common.errors import ConfigError
 
 if TYPE_CHECKING:
     import torch
 
     from callbacks.diloco.callback import DiLoCo
+
+BACKENDS = ("torch", "torchft")
+TORCHFT_INSTALL = "pip install torchft==0.2.0"
+#: Seconds to wait for the lighthouse's port before calling it unreachable.
+LIGHTHOUSE_CONNECT_S = 5.0
+
+
+@dataclass(kw_only=True)
+class TorchftSettings:
+    """Args (``backend=torchft`` only):
+    lighthouse: ``http://HOST:PORT`` of the torchft lighthouse (null: ``$TORCHFT_LIGHTHOUSE``).
+    group: this job's replica group, in [0, replicas).
+    timeout_s: a sync's collectives and a recovery transfer.
+    quorum_timeout_s: waiting for the other groups at the start of a round.
+    host: the address other groups reach this group at (null: this machine's hostname).
+    """
+
+    lighthouse: str | None
+    group: int
+    timeout_s: float
+    quorum_timeout_s: float
+    host: str | None
+
+    def address(self) -> str:
+        return self.lighthouse or os.environ.get("TORCHFT_LIGHTHOUSE", "")
+
 
 #: Outer learning rates by number of replicas (Charles et al. 2025); others use 0.7 (Douillard et al. 2023).
 OUTER_LR_BY_REPLICAS = {1: 0.4, 2: 0.6, 4: 0.6, 8: 0.8}
@@ -35,6 +66,9 @@ class DiLoCoSettings(TechniqueSettings):
     fragments: P, the streaming fragments (groups of transformer blocks) that sync in turn.
     fragment_delay: tau, inner steps between the start of a fragment's exchange and its merge.
     fragment_alpha: the mixing factor of the merge (0: take the outer result).
+    backend: ``torch`` (replicas simulated, or ranks of this job) or ``torchft`` (this job
+        is one replica group of a fault-tolerant torchft quorum).
+    torchft: the torchft backend's lighthouse, group and timeouts.
     """
 
     key: ClassVar[str] = "technique.diloco"
@@ -49,9 +83,13 @@ class DiLoCoSettings(TechniqueSettings):
     fragments: int
     fragment_delay: int
     fragment_alpha: float
+    backend: str
+    torchft: TorchftSettings
 
     def __post_init__(self) -> None:
         key = self.key
+        if self.backend not in BACKENDS:
+            raise ConfigError(f"{key}.backend={self.backend!r} is unknown; choose one of {BACKENDS}.")
         if self.replicas < 1 or self.sync_every < 1:
             raise ConfigError(f"{key}.replicas={self.replicas} and {key}.sync_every={self.sync_every} must be >= 1.")
         if self.state_device not in STATE_DEVICES:
@@ -77,8 +115,18 @@ class DiLoCoSettings(TechniqueSettings):
     def learning_rate(self) -> float:
         return self.outer_lr if self.outer_lr is not None else OUTER_LR_BY_REPLICAS.get(self.replicas, 0.7)
 
+    @property
+    def fault_tolerant(self) -> bool:
+        return self.backend == "torchft"
+
+    def data_groups(self) -> DataGroups:
+        """With torchft each replica group is a job: the global batch and data split over them."""
+        return DataGroups(self.replicas, self.torchft.group) if self.fault_tolerant else DataGroups()
+
     def is_simulated(self, world_size: int | None) -> bool:
         """Whether the replicas take turns in one process (unknown process counts count as one)."""
+        if self.fault_tolerant:
+            return False
         if self.simulated is not None:
             return self.simulated
         return self.replicas > 1 and (world_size or 1) == 1
@@ -121,6 +169,9 @@ class DiLoCoSettings(TechniqueSettings):
                 f"{self.key}.fragments={self.fragments} exceeds model.n_layers={run.n_layers}:"
                 " fragments are groups of transformer blocks."
             )
+        if self.fault_tolerant:
+            self._check_torchft(run)
+            return
         if run.world_size is None:
             return
         if self.is_simulated(run.world_size):
@@ -155,6 +206,33 @@ class DiLoCoSettings(TechniqueSettings):
                 "DiLoCo checkpoints gather every replica's state into one file:"
                 " set strategy.save_distributed_checkpoint=false."
             )
+
+    def _check_torchft(self, run: RunContext) -> None:
+        """The package, the lighthouse (reached within ``LIGHTHOUSE_CONNECT_S``), one process
+        per group, and the classic algorithm (no streaming fragments, no compression)."""
+        key = f"{self.key}.torchft"
+        if importlib.util.find_spec("torchft") is None:
+            raise ConfigError(f"{self.key}.backend=torchft needs the torchft package: {TORCHFT_INSTALL}")
+        if not 0 <= self.torchft.group < self.replicas:
+            raise ConfigError(f"{key}.group={self.torchft.group} must be in [0, replicas={self.replicas}).")
+        if run.world_size not in (None, 1):
+            raise ConfigError(f"{self.key}.backend=torchft runs one process per replica group; this run has {run.world_size}.")
+        if self.fragments != 1 or self.fragment_delay or self.compression != "none" or self.simulated:
+            raise ConfigError(
+                f"{self.key}.backend=torchft runs classic DiLoCo: set fragments=1, fragment_delay=0,"
+                " compression=none and simulated=null."
+            )
+        address = self.torchft.address()
+        parsed = urlparse(address if "://" in address else f"http://{address}")
+        if not address or parsed.hostname is None or parsed.port is None:
+            raise ConfigError(f"{key}.lighthouse={address!r} must be http://HOST:PORT of the lighthouse (or set $TORCHFT_LIGHTHOUSE).")
+        try:
+            socket.create_connection((parsed.hostname, parsed.port), timeout=LIGHTHOUSE_CONNECT_S).close()
+        except OSError as error:
+            raise ConfigError(
+                f"{key}.lighthouse={address} cannot be reached ({error.strerror or error});"
+                " start it first: torchft_lighthouse --min_replicas 1 --bind HOST:PORT"
+            ) from None
 
     def build(self, run: RunContext) -> "DiLoCo":
         from callbacks.diloco.callback import DiLoCo

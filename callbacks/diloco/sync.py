@@ -52,7 +52,8 @@ class FragmentSync:
 
     ``weights``: per replica held here (all M when simulated, else one), the live local
     tensors of every parameter. ``group``: the replica group of real replicas (None when
-    simulated or M = 1).
+    simulated or M = 1). ``average``: a fault-tolerant average over replica groups that are
+    jobs of their own (torchft), returning None for a round the groups discarded.
     """
 
     def __init__(
@@ -66,10 +67,14 @@ class FragmentSync:
         compression: str,
         group: dist.ProcessGroup | None,
         norm: Norm,
+        average: Callable[[list[torch.Tensor]], list[torch.Tensor] | None] | None = None,
     ) -> None:
         self.weights, self.fragments, self.outer = weights, fragments, outer
         self.sync_every, self.delay, self.alpha = sync_every, delay, alpha
         self.compression, self.group, self.norm = compression, group, norm
+        self.average = average
+        #: Rounds the replica groups discarded (a group failed during them).
+        self.discarded = 0
         self.in_flight: list[InFlight] = []
         self._synced: set[int] = set()  # fragments whose weights equal their anchors
 
@@ -80,15 +85,17 @@ class FragmentSync:
             self.in_flight.append(InFlight(fragment, step + self.delay, self._start(indices)))
         due = [flight for flight in self.in_flight if flight.merge_after <= step]
         self.in_flight = [flight for flight in self.in_flight if flight.merge_after > step]
-        return [self._complete(flight) for flight in due]
+        return [record for record in map(self._complete, due) if record is not None]
 
     def finish(self) -> list[SyncRecord]:
         """Complete every exchange now and average what is not synced (the end of training)."""
-        records = [self._complete(flight) for flight in self.in_flight]
+        records = [record for record in map(self._complete, self.in_flight) if record is not None]
         self.in_flight = []
         indices = [i for fragment, ids in enumerate(self.fragments) if fragment not in self._synced for i in ids]
         if indices:
             averaged = self._start(indices).wait()
+            if averaged is None:  # the groups discarded it: each keeps its own last round's weights
+                return records
             self.outer.average(indices, averaged)
             self._merge(indices, alpha=0.0)
             records.append(SyncRecord(None, self.norm(indices, averaged), indices))
@@ -98,6 +105,8 @@ class FragmentSync:
         deltas = [self._deltas(indices, weights) for weights in self.weights]
         if len(deltas) > 1:
             return Exchange.done([average_in_process(list(each), self.compression) for each in zip(*deltas)])
+        if self.average is not None:
+            return Exchange.done(self.average(deltas[0]))
         if self.group is None:
             return Exchange.done(deltas[0])
         return start_average(deltas[0], self.group, self.compression)
@@ -107,9 +116,13 @@ class FragmentSync:
         anchors = self.outer.anchors
         return [anchors[i].to(weights[i].device) - weights[i].to(anchors[i].dtype) for i in indices]
 
-    def _complete(self, flight: InFlight) -> SyncRecord:
+    def _complete(self, flight: InFlight) -> SyncRecord | None:
         indices = self.fragments[flight.fragment]
         averaged = flight.exchange.wait()
+        if averaged is None:  # discarded by the groups: back to the anchor, no outer step
+            self.discarded += 1
+            self._merge(indices, alpha=0.0)
+            return None
         self.outer.step(indices, averaged)
         self._merge(indices, self.alpha)
         if self.alpha == 0:

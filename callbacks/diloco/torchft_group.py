@@ -1,0 +1,124 @@
+"""One replica group of fault-tolerant DiLoCo, on torchft: quorum, averaging, recovery.
+
+With ``technique.diloco.backend=torchft`` every DiLoCo replica group is a job of its own (one
+process here), and torchft's lighthouse keeps the membership. At the start of each round
+(and when the job starts) the group asks torchft's ``Manager`` for a quorum: the groups
+present then form the gloo process group that the round's pseudo-gradients are averaged
+over (``Manager.allreduce``, divided by the number of groups present).
+
+- **A group that dies** (kill -9) mid-round makes the others' all-reduce fail; torchft's
+  commit vote (``should_commit``) then discards that round everywhere (the weights go back to
+  the anchor, no outer step), and the next quorum, formed without it, goes on.
+- **A group that starts behind** (restarted, or late) is healed in the quorum it joins: a
+  live peer sends its state over torchft's HTTP transport, and ``load_state_dict`` puts it
+  in place (``DiLoCo._recover``): the anchors and outer optimizer, the peer's inner weights
+  and optimizer state, and its clock, so the group reads on from the peers' data position.
+- **Groups of other settings** are caught at the first quorum they share: each averages a
+  fingerprint of the settings that must agree (model shape, M, H, the outer optimizer, the
+  batch); a group whose fingerprint differs from the average refuses to train.
+"""
+
+import hashlib
+import logging
+import socket
+import time
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any
+
+import torch
+
+from callbacks.diloco.settings import TorchftSettings
+from common.errors import ConfigError
+
+log = logging.getLogger(__name__)
+#: Fingerprint values per group: four 32-bit slices of a SHA-256 digest.
+FINGERPRINT_SLOTS = 4
+
+
+def fingerprint(settings: dict[str, Any]) -> torch.Tensor:
+    """Four float64 numbers that differ between any two different settings (by their repr)."""
+    digest = hashlib.sha256(repr(sorted(settings.items())).encode()).digest()
+    slices = [int.from_bytes(digest[4 * i : 4 * i + 4], "little") for i in range(FINGERPRINT_SLOTS)]
+    return torch.tensor(slices, dtype=torch.float64)
+
+
+class TorchftGroup:
+    """This job's replica group in the torchft quorum (one process per group)."""
+
+    def __init__(
+        self,
+        settings: TorchftSettings,
+        state_dict: Callable[[], dict[str, Any]],
+        load_state_dict: Callable[[dict[str, Any]], None],
+        agreed: dict[str, Any],
+    ) -> None:
+        from torch.distributed import TCPStore
+        from torchft.manager import Manager
+        from torchft.process_group import ProcessGroupGloo
+
+        host = settings.host or socket.gethostname()
+        timeout = timedelta(seconds=settings.timeout_s)
+        self._store = TCPStore(host, 0, is_master=True, wait_for_workers=False)  # this group's own store
+        self._load_state_dict = load_state_dict
+        self.healed_in: float | None = None  # seconds the last quorum took when it healed this group
+        self.manager = Manager(
+            pg=ProcessGroupGloo(timeout=timeout),
+            load_state_dict=self._recover,
+            state_dict=state_dict,
+            min_replica_size=1,
+            use_async_quorum=False,  # heal before the round's first step, not during it
+            timeout=timeout,
+            quorum_timeout=timedelta(seconds=settings.quorum_timeout_s),
+            connect_timeout=timeout,
+            rank=0,
+            world_size=1,
+            store_addr=host,
+            store_port=self._store.port,
+            lighthouse_addr=settings.address(),
+            replica_id=f"diloco_group{settings.group}",
+            hostname=host,
+            init_sync=False,  # every group starts from the same seeded weights
+        )
+        self._fingerprint = fingerprint(agreed)
+
+    def _recover(self, state: dict[str, Any]) -> None:
+        self._load_state_dict(state)
+        self._recovered = True
+
+    def begin_round(self) -> None:
+        """Join the next quorum (healing from a live peer if behind), then check that every
+        group present runs the same settings."""
+        self._recovered, started = False, time.perf_counter()
+        self.manager.start_quorum()
+        self.healed_in = time.perf_counter() - started if self._recovered else None
+        mine = self._fingerprint.clone()
+        self.manager.allreduce(mine).wait()
+        if not self.manager.errored() and not torch.equal(mine, self._fingerprint):
+            raise ConfigError(
+                "the DiLoCo replica groups run with different settings (model shape, replicas, sync_every, outer"
+                " optimizer, batch or seq_len): start every group with the same overrides but technique.diloco.torchft.group."
+            )
+
+    def average(self, deltas: list[torch.Tensor]) -> list[torch.Tensor] | None:
+        """The deltas averaged over the groups present, or None when the round is discarded
+        (a group failed during it: torchft's commit vote said no)."""
+        flat = torch.cat([delta.reshape(-1).float() for delta in deltas])
+        self.manager.allreduce(flat).wait()
+        if not self.manager.should_commit():
+            return None
+        return [part.view_as(delta) for part, delta in zip(flat.split([d.numel() for d in deltas]), deltas)]
+
+    @property
+    def groups_present(self) -> int:
+        return self.manager.num_participants()
+
+    def state_dict(self) -> dict[str, int]:
+        return self.manager.state_dict()
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.manager.load_state_dict(state)
+
+    def shutdown(self) -> None:
+        self.manager.shutdown(wait=False)
+        log.info("left the torchft quorum")

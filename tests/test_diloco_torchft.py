@@ -1,0 +1,165 @@
+"""Fault-tolerant DiLoCo on torchft, on loopback: replica groups as separate train.py processes
+joined by a lighthouse. Without a failure they take the same steps as today's real replicas;
+a group killed with SIGKILL leaves the other training, and a restarted group rejoins from a
+live peer; bad setups are one line and exit code 2."""
+
+import csv
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import zipfile
+from pathlib import Path
+
+import pytest
+import torch
+
+from callbacks.diloco import settings as diloco_settings
+from common.errors import ConfigError
+from launch.run_settings import check_config
+from tests.run_helpers import REPO, TINY, checkpoint_weights, compose_config, run_train
+
+DILOCO = [*TINY, "+experiment=diloco", "batch.micro_batch_size=2", "batch.global_batch_size=4", "technique.diloco.sync_every=2",
+          "logger=csv", "callbacks.validation_schedule.every_n_steps=1000"]  # fmt: skip
+ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "WANDB_MODE": "offline", "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
+ATOL = 1e-5  # as today's real-against-simulated DiLoCo test: float reduction order only
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class Lighthouse:
+    """``torchft_lighthouse`` on a loopback port, stopped on exit."""
+
+    def __init__(self, min_replicas: int) -> None:
+        self.address = f"http://127.0.0.1:{free_port()}"
+        bind = self.address.removeprefix("http://")
+        command = ["torchft_lighthouse", "--min_replicas", str(min_replicas), "--bind", bind,
+                   "--join_timeout_ms", "1000", "--heartbeat_timeout_ms", "1000"]  # fmt: skip
+        self.process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            try:
+                socket.create_connection(("127.0.0.1", int(bind.rsplit(":", 1)[1])), timeout=1).close()
+                return
+            except OSError:
+                time.sleep(0.1)
+        raise RuntimeError("the lighthouse did not start")
+
+    def __enter__(self) -> "Lighthouse":
+        return self
+
+    def __exit__(self, *_) -> None:
+        self.process.kill()
+        self.process.wait()
+
+
+def group(lighthouse: Lighthouse, index: int, folder: Path, cache: Path, *extra: str) -> subprocess.Popen:
+    """One replica group: its own train.py process, its own run folder."""
+    overrides = [*DILOCO, "technique.diloco.backend=torchft", f"technique.diloco.torchft.lighthouse={lighthouse.address}",
+                 f"technique.diloco.torchft.group={index}", "technique.diloco.torchft.host=127.0.0.1",
+                 "technique.diloco.torchft.timeout_s=10", "technique.diloco.torchft.quorum_timeout_s=60", *extra]  # fmt: skip
+    command = [sys.executable, str(REPO / "train.py"), f"hydra.run.dir={folder}", f"paths.cache_dir={cache}", *overrides]
+    log = open(folder.parent / f"{folder.name}.log", "w")
+    return subprocess.Popen(command, cwd=REPO, env=ENV, stdout=log, stderr=subprocess.STDOUT, text=True)
+
+
+def finish(process: subprocess.Popen, timeout: float = 240) -> str:
+    process.wait(timeout=timeout)
+    log = Path(process.args[2].split("=", 1)[1] + ".log")
+    return log.read_text()
+
+
+def metrics(folder: Path, key: str) -> list[float]:
+    rows = csv.DictReader(open(folder / "csv" / "metrics.csv"))
+    return [float(row[key]) for row in rows if row.get(key)]
+
+
+def test_without_a_failure_the_groups_take_the_same_steps_as_real_replicas(tmp_path, tmp_path_factory) -> None:
+    cache = tmp_path_factory.getbasetemp() / "cache"
+    steps = ["trainer.max_steps=4"]
+    real = run_train([*DILOCO, *steps, "strategy=fsdp2", "strategy.save_distributed_checkpoint=false",
+                      "trainer.accelerator=cpu", "trainer.devices=2"], tmp_path / "real", cache)  # fmt: skip
+    assert real.returncode == 0, real.stderr[-3000:]
+    with Lighthouse(min_replicas=2) as lighthouse:  # both groups in every quorum
+        groups = [group(lighthouse, g, tmp_path / f"group{g}", cache, *steps) for g in (0, 1)]
+        logs = [finish(process) for process in groups]
+    for process, log in zip(groups, logs):
+        assert process.returncode == 0, log[-3000:]
+    expected = checkpoint_weights(tmp_path / "real" / "checkpoints" / "last.ckpt")
+    for g in (0, 1):
+        weights = checkpoint_weights(tmp_path / f"group{g}" / "checkpoints" / "last.ckpt")
+        for name, value in expected.items():
+            torch.testing.assert_close(weights[name], value, rtol=0, atol=ATOL, msg=name)
+        # Each group trained the real run's replica g on the same sequences: the same losses.
+        real_losses = metrics(tmp_path / "real", f"diloco/replica_{g}_loss")
+        assert metrics(tmp_path / f"group{g}", f"diloco/replica_{g}_loss") == pytest.approx(real_losses, abs=ATOL)
+        assert metrics(tmp_path / f"group{g}", "diloco/groups") == [2.0, 2.0]
+
+
+def test_a_killed_group_leaves_the_other_training_and_a_restarted_one_rejoins(tmp_path, tmp_path_factory) -> None:
+    cache = tmp_path_factory.getbasetemp() / "cache"
+    run = ["trainer.max_steps=240", "technique.diloco.sync_every=8", "callbacks.model_checkpoint.every_n_train_steps=16",
+           "+callbacks.pace._target_=tests.pace.Pace", "+callbacks.pace.seconds=0.1"]  # fmt: skip
+    with Lighthouse(min_replicas=1) as lighthouse:
+        survivor = group(lighthouse, 0, tmp_path / "group0", cache, *run)
+        victim = group(lighthouse, 1, tmp_path / "group1", cache, *run)
+        checkpoint = tmp_path / "group1" / "checkpoints" / "step000032.ckpt"
+        deadline = time.monotonic() + 120
+        while not checkpoint.exists() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert checkpoint.exists(), (tmp_path / "group1.log").read_text()[-3000:]
+        victim.send_signal(signal.SIGKILL)  # mid-round: step 32 is 4 steps into round 5
+        victim.wait()
+        restarted = group(lighthouse, 1, tmp_path / "group1_restarted", cache, *run)
+        logs = [finish(survivor), finish(restarted)]
+    for process, log in zip((survivor, restarted), logs):
+        assert process.returncode == 0, log[-3000:]
+    assert "rejoined the DiLoCo replica groups at global step" in logs[1]
+    assert "round discarded at global step" in logs[0]  # the round the victim died in
+    present = metrics(tmp_path / "group0", "diloco/groups")
+    assert 1.0 in present and present[-1] == 2.0  # averaged over the groups present, then both again
+    # Both reach the budget and end on the same weights (the final sync averages them).
+    assert metrics(tmp_path / "group0", "step")[-1] == metrics(tmp_path / "group1_restarted", "step")[-1] == 240
+    final = [checkpoint_weights(tmp_path / name / "checkpoints" / "last.ckpt") for name in ("group0", "group1_restarted")]
+    for name, value in final[0].items():
+        torch.testing.assert_close(final[1][name], value, rtol=0, atol=1e-6, msg=name)
+    for saved in (tmp_path / "group0" / "checkpoints").glob("*.ckpt"):
+        assert zipfile.is_zipfile(saved)  # the survivor's checkpoints stay complete
+
+
+def test_groups_with_different_settings_refuse_to_train(tmp_path, tmp_path_factory) -> None:
+    cache = tmp_path_factory.getbasetemp() / "cache"
+    with Lighthouse(min_replicas=2) as lighthouse:
+        groups = [group(lighthouse, 0, tmp_path / "group0", cache, "trainer.max_steps=4"),
+                  group(lighthouse, 1, tmp_path / "group1", cache, "trainer.max_steps=4", "technique.diloco.sync_every=4")]  # fmt: skip
+        logs = [finish(process) for process in groups]
+    for process, log in zip(groups, logs):
+        assert process.returncode == 2
+        assert log.strip().splitlines()[-1].startswith("error: the DiLoCo replica groups run with different settings")
+
+
+def test_an_unreachable_lighthouse_is_one_line_within_seconds(tmp_path, tmp_path_factory) -> None:
+    address = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    started = time.monotonic()
+    result = run_train([*DILOCO, "trainer.max_steps=4", "technique.diloco.backend=torchft", f"technique.diloco.torchft.lighthouse={address}"],
+                       tmp_path / "run", tmp_path_factory.getbasetemp() / "cache")  # fmt: skip
+    assert result.returncode == 2 and time.monotonic() - started < 30
+    assert result.stderr.strip().splitlines() == [
+        f"error: technique.diloco.torchft.lighthouse={address} cannot be reached (Connection refused);"
+        " start it first: torchft_lighthouse --min_replicas 1 --bind HOST:PORT"
+    ]
+    assert not (tmp_path / "run").exists()
+
+
+def test_the_backend_without_the_package_names_the_install_command(tmp_path, monkeypatch) -> None:
+    cfg = compose_config([*DILOCO, "technique.diloco.backend=torchft"], tmp_path)
+    monkeypatch.setattr(diloco_settings.importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(ConfigError) as error:
+        check_config(cfg, processes=1)
+    assert str(error.value) == "technique.diloco.backend=torchft needs the torchft package: pip install torchft==0.2.0"
