@@ -82,6 +82,7 @@ class DiLoCo(StepCallback):
         self._groups: TorchftGroup | None = None  # backend=torchft: this job's replica group
         self._groups_state: dict[str, int] | None = None  # its torchft step, from a checkpoint
         self._sync_seconds = 0.0
+        self._rejoin_seconds: float | None = None
 
     # ------------------------------------------------------------------ build time
     def shard_mesh(self, mesh: DeviceMesh) -> DeviceMesh:
@@ -120,7 +121,8 @@ class DiLoCo(StepCallback):
             self._restore(self._loaded)
             self._loaded = None
         if self._groups is not None:
-            self._begin_round(state)
+            fresh = state.clock.steps == 0  # a new run: every group starts together
+            self._begin_round(state, groups=self.settings.replicas if fresh else 1)
 
     # ------------------------------------------------------------------ torchft groups
     def _join_groups(self, trainer: L.Trainer, state: TrainingState) -> "TorchftGroup":
@@ -148,14 +150,14 @@ class DiLoCo(StepCallback):
         counters.pop("torchft", None)
         self.load_state_dict(counters)
 
-    def _begin_round(self, state: TrainingState) -> None:
-        self._groups.begin_round()
+    def _begin_round(self, state: TrainingState, groups: int = 1) -> None:
+        self._groups.begin_round(groups)
         if self._groups.healed_in is not None:
             log.info(
                 "rejoined the DiLoCo replica groups at global step %d (round %d) with a live peer's state, in %.2f s",
                 state.global_steps, self.syncs, self._groups.healed_in,
             )  # fmt: skip
-            state.record_metric("diloco/rejoin_seconds", self._groups.healed_in)
+            self._rejoin_seconds = self._groups.healed_in  # logged with the next sync
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if self._groups is not None:
@@ -213,6 +215,9 @@ class DiLoCo(StepCallback):
         sent = bytes_sent_per_sync(self._model_size(record.indices), replicas, self.settings.compression)
         if self._groups is not None:
             state.record_metric("diloco/groups", replicas)
+            if self._rejoin_seconds is not None:
+                state.record_metric("diloco/rejoin_seconds", self._rejoin_seconds)
+                self._rejoin_seconds = None
         self.bytes_sent += sent
         if record.fragment == self.settings.fragments - 1:
             self.syncs += 1

@@ -61,6 +61,7 @@ class TorchftGroup:
         timeout = timedelta(seconds=settings.timeout_s)
         self._store = TCPStore(host, 0, is_master=True, wait_for_workers=False)  # this group's own store
         self._load_state_dict = load_state_dict
+        self._quorum_timeout_s = settings.quorum_timeout_s
         self.healed_in: float | None = None  # seconds the last quorum took when it healed this group
         self.manager = Manager(
             pg=ProcessGroupGloo(timeout=timeout),
@@ -86,11 +87,15 @@ class TorchftGroup:
         self._load_state_dict(state)
         self._recovered = True
 
-    def begin_round(self) -> None:
+    def begin_round(self, groups: int = 1) -> None:
         """Join the next quorum (healing from a live peer if behind), then check that every
-        group present runs the same settings."""
+        group present runs the same settings. ``groups``: ask again (within the quorum
+        timeout) until at least that many are present; a run's very first round waits so for
+        all of them, since a group still starting up would otherwise miss it."""
         self._recovered, started = False, time.perf_counter()
         self.manager.start_quorum()
+        while self.groups_present < groups and time.perf_counter() - started < self._quorum_timeout_s:
+            self.manager.start_quorum()
         self.healed_in = time.perf_counter() - started if self._recovered else None
         mine = self._fingerprint.clone()
         self.manager.allreduce(mine).wait()
