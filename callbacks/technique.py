@@ -73,6 +73,11 @@ class TechniqueSettings(ABC):
         """Optimizer steps one process takes per global step (simulated DiLoCo replicas), else 1."""
         return 1
 
+    def check_services(self) -> None:
+        """Raise ``ConfigError`` if what the technique needs outside this process cannot be
+        reached (a torchft lighthouse). Called as a run starts, before any logger, and not when
+        settings alone are checked (documented commands name hosts that are not up)."""
+
     def data_groups(self) -> DataGroups:
         """The jobs this run shares its global batch and data with (torchft DiLoCo groups)."""
         return DataGroups()

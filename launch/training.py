@@ -41,6 +41,8 @@ def train(cfg: DictConfig, settings: RunSettings) -> RunResult:
     """Run one training job; returns its final metrics (used by sweeps)."""
     quiet_console()
     check_files(cfg)
+    for technique in settings.techniques.values():
+        technique.check_services()
     world = processes(cfg.trainer)
     if settings.run.world_size != world:
         settings = check_config(cfg, processes=world)  # the checks that needed the process count

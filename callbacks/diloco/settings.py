@@ -208,8 +208,8 @@ class DiLoCoSettings(TechniqueSettings):
             )
 
     def _check_torchft(self, run: RunContext) -> None:
-        """The package, the lighthouse (reached within ``LIGHTHOUSE_CONNECT_S``), one process
-        per group, and the classic algorithm (no streaming fragments, no compression)."""
+        """The package, the lighthouse's address, one process per group, and the classic
+        algorithm (no streaming fragments, no compression)."""
         key = f"{self.key}.torchft"
         if importlib.util.find_spec("torchft") is None:
             raise ConfigError(f"{self.key}.backend=torchft needs the torchft package: {TORCHFT_INSTALL}")
@@ -222,15 +222,28 @@ class DiLoCoSettings(TechniqueSettings):
                 f"{self.key}.backend=torchft runs classic DiLoCo: set fragments=1, fragment_delay=0,"
                 " compression=none and simulated=null."
             )
+        self._lighthouse()
+
+    def _lighthouse(self) -> tuple[str, str, int]:
+        """The lighthouse's address, host and port (a malformed address is a ConfigError)."""
         address = self.torchft.address()
         parsed = urlparse(address if "://" in address else f"http://{address}")
         if not address or parsed.hostname is None or parsed.port is None:
-            raise ConfigError(f"{key}.lighthouse={address!r} must be http://HOST:PORT of the lighthouse (or set $TORCHFT_LIGHTHOUSE).")
+            raise ConfigError(
+                f"{self.key}.torchft.lighthouse={address!r} must be http://HOST:PORT of the lighthouse (or set $TORCHFT_LIGHTHOUSE)."
+            )
+        return address, parsed.hostname, parsed.port
+
+    def check_services(self) -> None:
+        """The lighthouse answers on its port within ``LIGHTHOUSE_CONNECT_S``."""
+        if not self.fault_tolerant:
+            return
+        address, host, port = self._lighthouse()
         try:
-            socket.create_connection((parsed.hostname, parsed.port), timeout=LIGHTHOUSE_CONNECT_S).close()
+            socket.create_connection((host, port), timeout=LIGHTHOUSE_CONNECT_S).close()
         except OSError as error:
             raise ConfigError(
-                f"{key}.lighthouse={address} cannot be reached ({error.strerror or error});"
+                f"{self.key}.torchft.lighthouse={address} cannot be reached ({error.strerror or error});"
                 " start it first: torchft_lighthouse --min_replicas 1 --bind HOST:PORT"
             ) from None
 
