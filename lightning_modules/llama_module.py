@@ -23,6 +23,7 @@ from torch.distributed.fsdp.wrap import wrap
 
 from callbacks.step_callback import StepCallback
 from common.data_groups import DataGroups
+from lightning_modules.fused_cross_entropy import IGNORE_INDEX
 from lightning_modules.global_batch import BatchConfig, GlobalBatch
 from lightning_modules.llama import Llama, LlamaConfig, seed_from_global_rng
 from lightning_modules.meta_init import fsdp1_param_init_fn, materialize_and_init
@@ -301,24 +302,31 @@ class LlamaLightningModule(L.LightningModule):
         self._val_sums: dict[str | None, list[torch.Tensor | int]] = {}
 
     def validation_step(self, batch: dict[str, Any], batch_idx: int) -> None:
-        """Validation always runs at the full packed length; a mixture's batches name their source."""
-        total = self._val_sums.setdefault(batch.get("source"), [torch.zeros((), device=self.device), 0])
-        total[0] += self.loss(batch).detach()
-        total[1] += 1
+        """Validation always runs at the full packed length; a mixture's batches name their source.
+        Sums of token losses and token counts, so the mean weighs every token once."""
+        zeros = torch.zeros((), dtype=torch.float64, device=self.device)
+        total = self._val_sums.setdefault(batch.get("source"), [zeros, zeros.clone()])
+        tokens = (batch["labels"] != IGNORE_INDEX).sum()
+        total[0] += self.loss(batch).detach().double() * tokens
+        total[1] += tokens
+
+    def _token_mean(self, loss_sum: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+        """Mean loss per validation token over every rank: the same number whatever the
+        micro-batch size and the process count (a mean of batch means is not: a short last
+        batch would weigh as much as a full one)."""
+        reduce = self.trainer.strategy.reduce
+        return (reduce(loss_sum.clone(), reduce_op="sum") / reduce(tokens.clone(), reduce_op="sum")).float()
 
     def on_validation_epoch_end(self) -> None:
-        """Mean over batches and ranks (every rank runs the same number of equal batches), and
-        each mixture source's own mean as ``val/loss/<name>``."""
+        """The token mean over all validation rows, and each mixture source's as ``val/loss/<name>``."""
         if not self._val_sums:
             return
         loss_sum = sum(total[0] for total in self._val_sums.values())
-        batches = sum(total[1] for total in self._val_sums.values())
-        val_loss = self.trainer.strategy.reduce(loss_sum / batches, reduce_op="mean")
+        tokens = sum(total[1] for total in self._val_sums.values())
+        val_loss = self._token_mean(loss_sum, tokens)
         self.log("val/loss", val_loss, prog_bar=True, logger=False)  # for the bar and checkpoint monitors
         per_source = {
-            f"val/loss/{source}": self.trainer.strategy.reduce(total[0] / total[1], reduce_op="mean").item()
-            for source, total in self._val_sums.items()
-            if source is not None
+            f"val/loss/{source}": self._token_mean(*total).item() for source, total in self._val_sums.items() if source is not None
         }
         if not self.trainer.sanity_checking:
             value = val_loss.item()

@@ -73,3 +73,19 @@ def test_real_diloco_replicas_resume_only_on_their_process_count(tmp_path, tmp_p
         f"error: ckpt_path={checkpoint} holds the DiLoCo replica states of 2 processes, but this run has 4;"
         " resume real DiLoCo replicas on 2 processes (trainer.devices x trainer.num_nodes)."
     )
+
+
+
+def test_validation_loss_is_the_token_mean_whatever_the_process_count(tmp_path, tmp_path_factory) -> None:
+    """val/loss weighs every validation token once. 14 rows in micro-batches of 2: one process
+    runs 7 full batches, each of two processes 3 and a last one of 1 row, which a mean of batch
+    means would weigh as much as a full one (that gave 0.02-0.06 nats apart on the nano model)."""
+    cache, short = tmp_path_factory.getbasetemp() / "cache", ["trainer.max_steps=2", "data.val_max_rows=14"]
+    for devices in (1, 2):
+        train(tmp_path / str(devices), cache, devices, *short)
+    one, two = (values(tmp_path / str(devices), "val/loss") for devices in (1, 2))
+    assert len(one) == 1 and one == pytest.approx(two, rel=1e-6)
+
+
+def values(folder: Path, key: str) -> list[float]:
+    return [float(row[key]) for row in csv.DictReader(open(folder / "csv" / "metrics.csv")) if row.get(key)]
