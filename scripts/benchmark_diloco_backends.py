@@ -13,8 +13,9 @@ The table gives, per run, the median ``diloco/sync_seconds`` (the exchange and t
 step, as group 0 / rank 0 measured it), ``diloco/bytes_per_sync`` and, for the rejoin,
 ``diloco/rejoin_seconds`` (the quorum that healed the restarted group: waiting for the live
 group to finish its round, then the state transfer) and the wall time from the restart to
-that moment. Timings on a shared CPU machine are noisy: compare the ratio to the ``torch``
-row measured in the same call.
+that moment, and each run's final ``val/loss`` (after the final sync every group holds the same
+weights). Timings on a shared CPU machine are noisy: compare the ratio to the ``torch`` row
+measured in the same call.
 """
 
 import argparse
@@ -123,14 +124,17 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         lighthouse.kill()
     base = statistics.median(column(torch_run, "diloco/sync_seconds"))
-    print(f"| backend | median sync (s) | vs torch | bytes per sync | rejoin quorum (s) | restart to rejoined (s) |\n|---|---|---|---|---|---|")
+    print("| run | median sync (s) | vs torch | bytes per sync | rejoin quorum (s) | restart to rejoined (s) | final val/loss |")
+    print("|---|---|---|---|---|---|---|")
     for name, folder in (("torch (1 job, 2 processes)", torch_run), ("torchft (2 jobs)", ft_run)):
         sync = statistics.median(column(folder, "diloco/sync_seconds"))
-        print(f"| {name} | {sync:.4f} | {sync / base:.2f}x | {column(folder, 'diloco/bytes_per_sync')[0]:,.0f} | - | - |")
+        print(f"| {name} | {sync:.4f} | {sync / base:.2f}x | {column(folder, 'diloco/bytes_per_sync')[0]:,.0f} | - | -"
+              f" | {column(folder, 'val/loss')[-1]:.4f} |")  # fmt: skip
     rejoin = column(rejoined, "diloco/rejoin_seconds")
     sync = statistics.median(column(rejoined, "diloco/sync_seconds"))
     print(f"| torchft, group 1 killed at step {args.steps // 3} and restarted | {sync:.4f} | {sync / base:.2f}x"
-          f" | {column(rejoined, 'diloco/bytes_per_sync')[-1]:,.0f} | {rejoin[0]:.2f} | {restart_wall:.1f} |")
+          f" | {column(rejoined, 'diloco/bytes_per_sync')[-1]:,.0f} | {rejoin[0]:.2f} | {restart_wall:.1f}"
+          f" | {column(rejoined, 'val/loss')[-1]:.4f} |")
     return 0
 
 
