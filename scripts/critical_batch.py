@@ -53,7 +53,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3], help="one base run per seed")
     parser.add_argument("--steps", type=int, nargs="+", default=[25, 50, 100, 200],
                         help="branch points: base-run steps with a checkpoint (multiples of 25)")  # fmt: skip
-    parser.add_argument("--batches", type=int, nargs="+", default=[16, 32, 64, 128, 256],
+    parser.add_argument("--batches", type=int, nargs="+", default=[4, 8, 16, 32, 64, 128, 256],
                         help="branch batch sizes; the smallest is the reference")  # fmt: skip
     parser.add_argument("--window", type=int, default=262_144, help="tokens each branch trains for")
     parser.add_argument("--tolerance", type=float, default=0.01, help="loss tolerance (nats) against the smallest batch")
