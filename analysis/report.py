@@ -27,7 +27,9 @@ import matplotlib.pyplot as plt  # noqa: E402
 from analysis.runs import DERIVED, STEP, TOKENS, WALL_TIME, Run, find_runs  # noqa: E402
 from analysis.study import Claim, Spread, StudySpec, Verdict, judge_claim  # noqa: E402
 from analysis.tuner import Tuning  # noqa: E402
-from analysis.tuning_report import tuning_figures, tuning_table, tunings  # noqa: E402
+from analysis.scaling_laws import parameter_count  # noqa: E402
+from analysis.trend import TrendPoint, judge_trend  # noqa: E402
+from analysis.tuning_report import crossed_with, tuning_figures, tuning_table, tunings  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -282,8 +284,8 @@ class StudyReport:
     groups: list[Group]
     spec: StudySpec | None
     verdicts: list[Verdict] = field(default_factory=list)
-    #: A tuned study's search per arm, as its tuning runs show it.
-    tunings: dict[str, Tuning] = field(default_factory=dict)
+    #: A tuned study's searches by (arm, what the study was crossed with), as its runs show them.
+    tunings: dict[tuple[str, str], Tuning] = field(default_factory=dict)
 
     @property
     def judged_groups(self) -> list[Group]:
@@ -319,21 +321,44 @@ def build_report(runs: list[Run]) -> StudyReport:
     if spec is None:
         return StudyReport(runs, groups, spec)
     found = tunings(spec, runs) if spec.tuned else {}
-    untuned = frozenset(arm for arm, tuning in found.items() if not tuning.tuned)
+    untuned = frozenset(arm for (arm, _), tuning in found.items() if not tuning.tuned)
     judged = [group for group in groups if group.phase != "tune"]
-    verdicts = [judge_claim(claim, claim_spreads(claim, judged), untuned) for claim in spec.claims]
+    verdicts = [judge_trend(claim, trend_points(claim, judged, spec), untuned) if claim.trend
+                else judge_claim(claim, claim_spreads(claim, judged), untuned) for claim in spec.claims]  # fmt: skip
     return StudyReport(runs, groups, spec, verdicts, found)
 
 
+def trend_points(claim: Claim, groups: list[Group], spec: StudySpec) -> list[TrendPoint]:
+    """Per size the arm was crossed with (a ladder's ``model=...``) and judging seed, the paired
+    difference of the claim's metric from the baseline's at that size and seed."""
+    metric = next(iter(claim.expect))
+    by_crossing = {(group.arm, crossed_with(group.runs[0], spec)): group for group in groups if group.arm}
+    points = []
+    for (arm, crossing), group in by_crossing.items():
+        baseline = by_crossing.get((claim.baseline, crossing))
+        if arm != claim.arm or baseline is None:
+            continue
+        ours, theirs = group.spread(metric), baseline.spread(metric)
+        mine, base = (ours.by_seed() if ours else None), (theirs.by_seed() if theirs else None)
+        if not mine or not base:
+            continue
+        n_params = parameter_count(group.runs[0].setting("model"))
+        points += [TrendPoint(n_params, seed, mine[seed] - base[seed]) for seed in sorted(set(mine) & set(base))]
+    return points
+
+
 def claim_spreads(claim: Claim, groups: list[Group]) -> dict[str, dict[str, Spread]]:
-    """The spreads a claim compares, by arm; an arm the sweep split into several groups
-    (crossed with other values) is left out, so the claim is inconclusive rather than wrong."""
+    """The spreads a claim compares, by arm (an arm without a finished run is left out: not
+    run). An arm the sweep split into several groups (crossed with other values) has no
+    single spread: it maps to nothing, so the claim is inconclusive rather than wrong."""
     spreads = {}
     for arm in claim.arms:
         matching = [group for group in groups if group.arm == arm]
         if len(matching) == 1:
             found = {metric: matching[0].spread(metric) for metric in claim.metrics}
             spreads[arm] = {metric: spread for metric, spread in found.items() if spread is not None}
+        elif matching:
+            spreads[arm] = {}
     return spreads
 
 

@@ -73,7 +73,9 @@ from common.errors import ConfigError
 T_95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262,
         10: 2.228, 12: 2.179, 15: 2.131, 20: 2.086, 25: 2.060, 30: 2.042}  # fmt: skip
 
-CONDITIONS = ("difference_at_most", "difference_at_least", "ratio_at_most", "ratio_at_least")
+CONDITIONS = ("difference_at_most", "difference_at_least", "ratio_at_most", "ratio_at_least", "slope_at_most", "slope_at_least")
+#: What a trend claim's slope is taken against (``analysis/trend.py``).
+TREND_AXES = ("params",)
 
 
 def t_quantile(df: int) -> float:
@@ -98,6 +100,8 @@ class Claim:
     y: str = "val/loss"
     #: The metric that picks the best of a list of arms (lowest mean).
     select: str = "val/loss"
+    #: A trend claim: the x its difference's slope is taken against (``params``: log10 N).
+    trend: str | None = None
 
     @property
     def arms(self) -> list[str]:
@@ -130,6 +134,8 @@ class StudySpec:
     tuning_seeds: list[int] = field(default_factory=list)
     #: Each tuned arm's search space (every arm, in a tuned study).
     spaces: dict[str, SearchSpace] = field(default_factory=dict)
+    #: A tuned study's token budget rule: this many tokens per model parameter (a ladder's).
+    tokens_per_parameter: float | None = None
 
     @property
     def tuned(self) -> bool:
@@ -166,7 +172,11 @@ class StudySpec:
                 parse_reduction(str(column))
             except ValueError as error:
                 raise ConfigError(f"study.columns: {error}.") from None
-        return cls(arms=overrides, seeds=seeds, claims=claims, columns=columns, tuning_seeds=tuning_seeds, spaces=spaces)
+        per_parameter = node.get("tokens_per_parameter")
+        if per_parameter is not None and (isinstance(per_parameter, bool) or not isinstance(per_parameter, int | float) or per_parameter <= 0):
+            raise ConfigError(f"study.tokens_per_parameter={per_parameter!r} must be a number > 0 (or null: the config's token_budget).")
+        return cls(arms=overrides, seeds=seeds, claims=claims, columns=columns, tuning_seeds=tuning_seeds, spaces=spaces,
+                   tokens_per_parameter=per_parameter)  # fmt: skip
 
 
 def _seeds(seeds: Any, key: str) -> list[int]:
@@ -223,8 +233,14 @@ def _claim(index: int, entry: Any, arms: dict[str, Any]) -> Claim:
         for metric, conditions in expect.items():
             if not isinstance(conditions, dict) or not conditions or not set(conditions) <= set(CONDITIONS):
                 raise ConfigError(f"{key}.expect.{metric}: conditions are {CONDITIONS}, got {conditions!r}.")
+        trend = entry.get("trend")
+        slopes = {c for conditions in expect.values() for c in conditions if c.startswith("slope_")}
+        if trend is not None and (trend not in TREND_AXES or not isinstance(entry["arm"], str) or not isinstance(entry["baseline"], str)):
+            raise ConfigError(f"{key}.trend={trend!r}: a trend claim takes one arm, one baseline and trend: params.")
+        if bool(slopes) != (trend is not None) or (trend is not None and slopes != {c for v in expect.values() for c in v}):
+            raise ConfigError(f"{key}: slope_at_most / slope_at_least go with trend: params, and only they.")
         claim = Claim(claim=text, arm=_one_or_list(entry["arm"]), baseline=_one_or_list(entry["baseline"]),
-                      expect=dict(expect), select=entry.get("select", "val/loss"))  # fmt: skip
+                      expect=dict(expect), select=entry.get("select", "val/loss"), trend=trend)  # fmt: skip
     for arm in claim.arms:
         if arm not in arms:
             raise ConfigError(f"{key} names {arm!r}, which is not an arm; the arms are {sorted(arms)}.")
@@ -352,14 +368,14 @@ def judge_claim(claim: Claim, groups: dict[str, dict[str, Spread]], untuned: fro
     if claim.front:
         return judge_front(claim, groups)
     arm_name, baseline_name = best(claim.arm, claim.select, groups), best(claim.baseline, claim.select, groups)
-    missing = [name for name in (arm_name, baseline_name) if not groups.get(name)]
+    missing = [name for name in (arm_name, baseline_name) if name not in groups]
     if missing:
         return Verdict(claim, [f"no finished run of {' or '.join(missing)}"], NOT_RUN)
     measured, verdicts = [], []
     if not isinstance(claim.arm, str) or not isinstance(claim.baseline, str):
         measured.append(f"best by {claim.select}: {arm_name} against {baseline_name}")
     for metric, conditions in claim.expect.items():
-        arm, baseline = groups[arm_name].get(metric), groups[baseline_name].get(metric)
+        arm, baseline = groups[arm_name].get(metric), groups[baseline_name].get(metric)  # {}: split or unlogged
         for condition, threshold in conditions.items():
             if arm is None or baseline is None:
                 measured.append(f"{metric}: no finished run of {arm_name if arm is None else baseline_name} logged it")

@@ -20,27 +20,46 @@ from analysis.study import StudySpec  # noqa: E402
 from analysis.tuner import Tuning  # noqa: E402
 
 
-def tunings(spec: StudySpec, runs: list[Run], select: str = "val/loss") -> dict[str, Tuning]:
-    """Each tuned arm's search as its finished tuning runs show it."""
-    found: dict[str, Tuning] = {}
-    for arm, space in spec.spaces.items():
-        by_point: dict[tuple[int, ...], dict[int, float]] = {}
-        for run in runs:
-            if run.arm != arm or run.phase != "tune" or not run.finished:
-                continue
-            point, value = space.point_of(run.overrides), run.final(select)
-            if point is not None and value is not None and run.seed is not None:
-                by_point.setdefault(point, {})[run.seed] = value
+def tunings(spec: StudySpec, runs: list[Run], select: str = "val/loss") -> dict[tuple[str, str], Tuning]:
+    """Each search as its finished tuning runs show it, by (arm, the values the study was
+    crossed with, e.g. ``model=ladder_0_1m``; empty when it was not)."""
+    by_search: dict[tuple[str, tuple[str, ...]], dict[tuple[int, ...], dict[int, float]]] = {}
+    for run in runs:
+        if run.arm not in spec.spaces or run.phase != "tune" or not run.finished or run.seed is None:
+            continue
+        space = spec.spaces[run.arm]
+        point, value = space.point_of(run.overrides), run.final(select)
+        if point is not None and value is not None:
+            search = by_search.setdefault((run.arm, crossed_with(run, spec)), {})
+            search.setdefault(point, {})[run.seed] = value
+    labels = distinct_crossings([crossing for _, crossing in by_search])
+    found = {}
+    for (arm, crossing), by_point in by_search.items():
         results = {p: sum(v[s] for s in spec.tuning_seeds) / len(spec.tuning_seeds)
                    for p, v in by_point.items() if set(spec.tuning_seeds) <= set(v)}  # fmt: skip
-        found[arm] = Tuning(space, results)
+        found[(arm, labels[crossing])] = Tuning(spec.spaces[arm], results)
     return found
 
 
-def tuning_table(found: dict[str, Tuning]) -> str:
-    """Per arm: runs searched, the winner's settings and loss, each dimension's status."""
+def crossed_with(run: Run, spec: StudySpec) -> tuple[str, ...]:
+    """A run's overrides that are neither its arm's, its point's nor the study's own."""
+    searched = set(spec.spaces[run.arm].keys) if run.arm in spec.spaces else set()
+    fixed = set(spec.arms.get(run.arm, []))
+    return tuple(o for o in run.overrides if o not in fixed and not o.startswith(("study.arm=", "++study.phase=", "seed="))
+                 and o.split("=", 1)[0].lstrip("+~") not in searched)  # fmt: skip
+
+
+def distinct_crossings(crossings: list[tuple[str, ...]]) -> dict[tuple[str, ...], str]:
+    """Short labels: each crossing less what they all share (empty when there is one)."""
+    shared = set.intersection(*(set(c) for c in crossings)) if crossings else set()
+    return {crossing: " ".join(o for o in crossing if o not in shared) for crossing in crossings}
+
+
+def tuning_table(found: dict[tuple[str, str], Tuning]) -> str:
+    """Per search: runs, the winner's settings and loss, each dimension's status."""
     lines = ["| arm | points run | winner | tuning loss | dimensions |", "|---|---|---|---|---|"]
-    for arm, tuning in found.items():
+    for (name, crossing), tuning in found.items():
+        arm = f"{name} {crossing}".strip()
         if tuning.winner is None:
             lines.append(f"| {arm} | 0 | - | - | not run |")
             continue
@@ -51,7 +70,7 @@ def tuning_table(found: dict[str, Tuning]) -> str:
     return "\n".join(lines)
 
 
-def tuning_figures(found: dict[str, Tuning], out: Path, select: str = "val/loss") -> list[Path]:
+def tuning_figures(found: dict[tuple[str, str], Tuning], out: Path, select: str = "val/loss") -> list[Path]:
     """One PNG per searched setting: each arm's loss along that setting with its other settings
     at the winner's (the line the bracketing rule looks at), the winner starred."""
     keys = list(dict.fromkeys(d.key for t in found.values() for d in t.space.dimensions))
@@ -59,7 +78,8 @@ def tuning_figures(found: dict[str, Tuning], out: Path, select: str = "val/loss"
     for key in keys:
         figure, axis = plt.subplots(figsize=(7, 4.5))
         drawn_any = False
-        for arm, tuning in found.items():
+        for (name, crossing), tuning in found.items():
+            arm = f"{name} {crossing}".strip()
             axes = [i for i, d in enumerate(tuning.space.dimensions) if d.key == key]
             if not axes or tuning.winner not in tuning.results:
                 continue

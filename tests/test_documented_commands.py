@@ -4,7 +4,8 @@ Each train.py command is composed as Hydra composes it (a multirun's every job, 
 preset's parameters, launchers such as SLURM included) and goes through the config checks
 of train.py with the process count it states; GPU and cluster commands are checked that
 way without being run. Each script command's arguments go through the script's own
-parser. The README's CPU-sized train.py commands are also run, stopped after two steps.
+parser. The README's CPU-sized train.py commands are also run, stopped after two steps
+(not those that need a service, such as a torchft lighthouse).
 """
 
 import importlib.util
@@ -106,7 +107,7 @@ CPU_SIZED = sorted({
     for where, command in COMMANDS
     if where.startswith("README.md")
     and command.startswith("python train.py")
-    and not re.search(r"trainer=gpu|hydra/launcher|-m |--cfg|ckpt_path=|init_from_hf=|model=(?!tiny)|devices=[3-9]|data=hub", command)
+    and not re.search(r"trainer=gpu|hydra/launcher|-m |--cfg|ckpt_path=|init_from_hf=|model=(?!tiny)|devices=[3-9]|data=hub|backend=torchft", command)
 })
 # Stopped after 2 optimizer steps (1 global step of 2 simulated replicas), with a short validation.
 SHORT = ["trainer.max_steps=2", "trainer.num_sanity_val_steps=0", "data.val_max_rows=16", "logger=csv"]

@@ -50,7 +50,7 @@ def test_the_search_extends_past_the_edge_then_judges_the_winner_on_other_seeds(
 def test_the_report_reads_the_search_back_and_judges_on_the_judging_seeds_only(study, tmp_path: Path) -> None:
     folder, _ = study
     report = study_report([folder])
-    tuning = report.tunings["tuned"]
+    tuning = report.tunings[("tuned", "")]
     assert tuning.statuses == {"optimizer.lr": "at limit"} and tuning.tuned and len(tuning.results) == 3
     assert [group.name for group in report.judged_groups] == ["tuned optimizer.lr=0.016", "fixed"]
     (verdict,) = report.verdicts
@@ -90,3 +90,25 @@ def test_a_searched_key_that_does_not_exist_is_one_line_before_any_job(tmp_path:
         " fix the key, or add the group that defines it to the arm's overrides."
     ]
     assert not folder.exists()
+
+
+def test_a_study_crossed_with_sizes_tunes_each_size_and_budgets_tokens_per_parameter(tmp_path: Path) -> None:
+    """Two widths on the command line: each is searched on its own, and its token budget is
+    study.tokens_per_parameter x its parameter count."""
+    folder = tmp_path / "sweep"
+    overrides = [o for o in STUDY if not o.startswith("token_budget=")]  # the rule sets it; the command line would win
+    result = run_train([*overrides, f"hydra.sweep.dir={folder}", "model.vocab_size=320", "model.d_model=32,48",
+                        "+study.tokens_per_parameter=0.05", "study.arm=tuned"], tmp_path / "unused", tmp_path / "cache")  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    runs = [load_run(path) for path in sorted((p for p in folder.iterdir() if p.name.isdigit()), key=lambda p: int(p.name))]
+    budgets = {run.setting("model.d_model"): run.setting("token_budget") for run in runs}
+    from lightning_modules.llama import LlamaConfig, count_parameters
+
+    for width, budget in budgets.items():
+        model = {k: v for k, v in runs[0].setting("model").items() if k not in ("_target_", "d_model")}
+        assert budget == round(0.05 * count_parameters(LlamaConfig(**model, d_model=width)))
+    report = study_report([folder])
+    assert sorted(crossing for _, crossing in report.tunings) == [f"model.d_model={w} token_budget={budgets[w]}" for w in (32, 48)]
+    assert all(tuning.tuned for tuning in report.tunings.values())
+    judged = [run for run in runs if run.phase == "judge"]
+    assert sorted((run.setting("model.d_model"), run.seed) for run in judged) == [(32, 2), (32, 3), (48, 2), (48, 3)]

@@ -15,7 +15,8 @@ overrides as in the whole study, so more seeds of a study's best arms, run into 
 folder, group with its runs in the report.
 
 A tuned study (one with a search, ``analysis/tuner.py``) runs in rounds: each round is every
-arm's next points on the tuning seeds (``++study.phase=tune``), launched as one batch; the
+arm's next points on the tuning seeds (``++study.phase=tune``), launched as one batch (arms
+crossed with swept values, such as a ladder's model sizes, are searched each on its own); the
 next round is planned from the finished jobs' ``finished.yaml``. When no arm has a point
 left, each arm's winner runs on the judging seeds (``++study.phase=judge``). The plan is a
 pure function of the results, so the same command replays the finished rounds (their jobs
@@ -80,8 +81,10 @@ def study_jobs(spec: StudySpec, base_jobs: list[list[str]]) -> list[list[str]]:
 
 @dataclass(frozen=True)
 class TunedJob:
-    """One job of a tuned study: an arm at a point of its space, on one seed."""
+    """One job of a tuned study: an arm at a point of its space, on one seed, in one base job
+    (the command line's, or one of the values it crosses the study with)."""
 
+    base: int
     arm: str
     point: Point
     seed: int
@@ -89,43 +92,50 @@ class TunedJob:
 
 
 class TunedStudy:
-    """The rounds of a tuned study: what to run next given the finished jobs' losses."""
+    """The rounds of a tuned study: what to run next given the finished jobs' losses. Each
+    (base job, arm) is searched on its own: a ladder's sizes each get their own tuning."""
 
-    def __init__(self, spec: StudySpec, base: list[str], arms: list[str]) -> None:
-        self.spec, self.base, self.arms = spec, base, arms
-        self.losses: dict[tuple[str, Point], dict[int, float]] = defaultdict(dict)
+    def __init__(self, spec: StudySpec, bases: list[tuple[list[str], list[str]]]) -> None:
+        self.spec, self.bases = spec, bases  # per base job: its overrides and the arms it runs
+        self.losses: dict[tuple[int, str, Point], dict[int, float]] = defaultdict(dict)
         self.judged = False
         self.select = spec.claims[0].select if spec.claims else "val/loss"
 
-    def tuning(self, arm: str) -> Tuning:
-        """The arm's search so far: each point whose every tuning seed finished, at its mean."""
+    @property
+    def searches(self) -> list[tuple[int, str]]:
+        return [(base, arm) for base, (_, arms) in enumerate(self.bases) for arm in arms]
+
+    def tuning(self, base: int, arm: str) -> Tuning:
+        """The search so far: each point whose every tuning seed finished, at its mean."""
         results = {}
-        for (name, point), by_seed in self.losses.items():
-            if name == arm and set(self.spec.tuning_seeds) <= set(by_seed):
+        for (b, name, point), by_seed in self.losses.items():
+            if (b, name) == (base, arm) and set(self.spec.tuning_seeds) <= set(by_seed):
                 values = [by_seed[s] for s in self.spec.tuning_seeds]
                 results[point] = sum(values) / len(values)
         return Tuning(self.spec.spaces[arm], results)
 
     def next_round(self) -> list[TunedJob]:
-        """Every arm's missing points on every tuning seed; once none is left, the winners on
-        the judging seeds (and then nothing)."""
-        jobs = [TunedJob(arm, point, seed, "tune") for arm in self.arms
-                for point in proposals(self.spec.spaces[arm], self.tuning(arm).results)
+        """Every search's missing points on every tuning seed; once none is left, the winners
+        on the judging seeds (and then nothing)."""
+        jobs = [TunedJob(base, arm, point, seed, "tune") for base, arm in self.searches
+                for point in proposals(self.spec.spaces[arm], self.tuning(base, arm).results)
                 for seed in self.spec.tuning_seeds]  # fmt: skip
         if jobs or self.judged:
             return jobs
         self.judged = True
-        return [TunedJob(arm, self.tuning(arm).winner, seed, "judge") for arm in self.arms for seed in self.spec.seeds]
+        return [TunedJob(base, arm, self.tuning(base, arm).winner, seed, "judge")
+                for base, arm in self.searches for seed in self.spec.seeds]  # fmt: skip
 
     def overrides(self, job: TunedJob) -> list[str]:
-        given = {_key(o) for o in self.base}
+        base = self.bases[job.base][0]
+        given = {_key(o) for o in base}
         fixed = [o for o in self.spec.arms[job.arm] if _key(o) not in given]
         point = self.spec.spaces[job.arm].overrides(job.point)
-        return [*self.base, *fixed, *point, f"study.arm={job.arm}", f"{PHASE}={job.phase}", f"seed={job.seed}"]
+        return [*base, *fixed, *point, f"study.arm={job.arm}", f"{PHASE}={job.phase}", f"seed={job.seed}"]
 
     def record(self, job: TunedJob, metrics: dict[str, float]) -> None:
         if job.phase == "tune":
-            self.losses[(job.arm, job.point)][job.seed] = float(metrics.get(self.select, float("nan")))
+            self.losses[(job.base, job.arm, job.point)][job.seed] = float(metrics.get(self.select, float("nan")))
 
 
 class StudySweeper(BasicSweeper):
@@ -150,8 +160,11 @@ class StudySweeper(BasicSweeper):
         spec = self._spec()
         if not spec.tuned:
             return super().sweep(arguments)
-        arms, base = _chosen_arms(spec, self._base_job(arguments))
-        study = TunedStudy(spec, base, arms)
+        bases = []
+        for job in self._base_jobs(arguments):
+            arms, base = _chosen_arms(spec, job)
+            bases.append((self._with_budget(spec, base), arms))
+        study = TunedStudy(spec, bases)
         self._check_arms(spec)
         self._check_search(study)
         sweep_dir = Path(self.config.hydra.sweep.dir)
@@ -170,12 +183,25 @@ class StudySweeper(BasicSweeper):
             returns.append(results)
         return returns
 
-    def _base_job(self, arguments: list[str]) -> list[str]:
+    def _base_jobs(self, arguments: list[str]) -> list[list[str]]:
+        """The command line's jobs (and ``hydra.sweeper.params``'s): each is tuned on its own."""
         parser = OverridesParser.create(config_loader=self.hydra_context.config_loader)
-        base = [job for batch in BasicSweeper.split_arguments(parser.parse_overrides([*self._parse_config(), *arguments]), None) for job in batch]
-        if len(base) != 1:
-            raise ConfigError("a tuned study searches its own grid: sweep no setting on its command line (a=1,2); set one value, or add it to study.search.")
-        return base[0]
+        overrides = parser.parse_overrides([*self._parse_config(), *arguments])
+        return [job for batch in BasicSweeper.split_arguments(overrides, None) for job in batch]
+
+    def _with_budget(self, spec: StudySpec, base: list[str]) -> list[str]:
+        """A base job with its token budget from ``study.tokens_per_parameter`` (unless the
+        command line sets one): that many tokens per parameter of the job's model."""
+        if spec.tokens_per_parameter is None or "token_budget" in {_key(o) for o in base}:
+            return base
+        from analysis.scaling_laws import parameter_count  # torch: only for a study that needs it
+
+        model = OmegaConf.to_container(self.hydra_context.config_loader.load_sweep_config(self.config, base).model, resolve=True)
+        try:
+            budget = round(spec.tokens_per_parameter * parameter_count(model))
+        except ValueError as error:
+            raise ConfigError(f"study.tokens_per_parameter: {error} Set model.vocab_size.") from None
+        return [*base, f"token_budget={budget}"]
 
     def _metrics(self, result: JobReturn, overrides: list[str], number: int) -> dict[str, float]:
         """The job's final metrics from its ``finished.yaml``; a job another worker holds is
@@ -202,9 +228,10 @@ class StudySweeper(BasicSweeper):
         """Every searched setting must exist in its arm's config (composed without the search),
         so a misspelt key is one line before any job starts."""
         missing = object()
-        for arm in study.arms:
-            given = {_key(o) for o in study.base}
-            overrides = [*study.base, *(o for o in study.spec.arms[arm] if _key(o) not in given)]
+        for base, arm in study.searches:
+            overrides = study.bases[base][0]
+            given = {_key(o) for o in overrides}
+            overrides = [*overrides, *(o for o in study.spec.arms[arm] if _key(o) not in given)]
             cfg = self.hydra_context.config_loader.load_sweep_config(self.config, overrides)
             for key in study.spec.spaces[arm].keys:
                 if OmegaConf.select(cfg, key, default=missing) is missing:

@@ -1,0 +1,161 @@
+"""A scaling ladder read back from its runs: per-method loss fits over model size, a held-out
+prediction with its interval, the joint L(N, M) and the best inner LR against N.
+
+The ladder is a study crossed with model sizes (``conf/sweep/cpu_ladder.yaml``): each arm is
+a method (data parallelism, DiLoCo M = 1, M = 2), each ``model=...`` a size. A *rung* is one
+method at one size: its judging runs' final losses by seed, its size N (parameters of its
+model config) and the inner LR its search picked.
+
+**Fits** (``analysis/scaling_laws.py``): per method L(N) = A N^alpha + C where four or more
+sizes support an irreducible term (the fitted C lies in (0, the lowest loss)), else
+L(N) = A N^alpha; over the DiLoCo methods the joint L(N, M) = A N^alpha M^beta; the best
+inner LR as a N^b. **Intervals** come from a bootstrap over seeds: each size's seed losses
+are resampled with replacement, the fit repeated, and the 2.5 and 97.5 percentiles of what
+it gives taken (400 resamples, a fixed generator seed, so the interval is reproducible).
+
+**The prediction** is made from the smaller sizes alone and written to a file before the
+largest size's runs are read: ``scripts/ladder.py predict`` refuses a size that is also in
+the fit, and never loads a run of the size it predicts.
+"""
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from analysis.runs import Run
+from analysis.scaling_laws import PowerLaw, fit_power_law, fit_power_law_offset, parameter_count
+from common.errors import ConfigError
+
+#: Fewest sizes a fit over N takes (the offset form has three coefficients).
+MIN_SIZES = 3
+BOOTSTRAP = 400
+
+
+@dataclass(frozen=True)
+class Rung:
+    """One method at one size: judging losses by seed, the size, the inner LR it ran with."""
+
+    method: str
+    model: str
+    n_params: int
+    replicas: int | None  # None: data parallel
+    losses: dict[int, float]
+    lr: float | None
+
+    @property
+    def loss(self) -> float:
+        return float(np.mean(list(self.losses.values())))
+
+
+def rungs(runs: list[Run], metric: str = "val/loss") -> list[Rung]:
+    """The judging runs (finished; a study's tuning runs left out), grouped by method and size."""
+    grouped: dict[tuple[str, str], list[Run]] = {}
+    for run in runs:
+        if run.phase == "tune" or run.arm is None or run.final(metric) is None:
+            continue
+        grouped.setdefault((run.arm, model_name(run)), []).append(run)
+    found = []
+    for (method, model), members in grouped.items():
+        first = members[0]
+        losses = {run.seed: run.final(metric) for run in members}
+        found.append(Rung(method, model, parameter_count(first.setting("model")), first.setting("technique.diloco.replicas"),
+                          losses, first.setting("optimizer.lr")))  # fmt: skip
+    return sorted(found, key=lambda r: (r.method, r.n_params))
+
+
+def model_name(run: Run) -> str:
+    """The size's name: the model config's ``name`` (its preset), else its shape."""
+    model = run.setting("model") or {}
+    return str(model.get("name") or f"{model.get('n_layers')}x{model.get('d_model')}")
+
+
+def by_method(found: list[Rung]) -> dict[str, list[Rung]]:
+    methods: dict[str, list[Rung]] = {}
+    for rung in found:
+        methods.setdefault(rung.method, []).append(rung)
+    return methods
+
+
+def check_sizes(found: list[Rung], fit_sizes: list[str], predict: str | None = None) -> None:
+    """A fit over N needs 3 or more sizes per method; a predicted size may not be among them."""
+    if predict is not None and predict in fit_sizes:
+        raise ConfigError(f"the prediction for {predict} would be fitted on {predict} itself: leave it out of --sizes.")
+    for method, members in by_method(found).items():
+        sizes = sorted({r.model for r in members if r.model in fit_sizes})
+        if len(sizes) < MIN_SIZES:
+            raise ConfigError(
+                f"the {method} fit has {len(sizes)} size(s) ({', '.join(sizes) or 'none'}); a fit over N needs at least"
+                f" {MIN_SIZES}: run more sizes of the ladder, or name them with --sizes."
+            )
+
+
+def fit_loss(members: list[Rung], losses: list[float] | None = None) -> PowerLaw:
+    """L(N) through the rungs' mean losses (or the given ones): with an irreducible term where
+    four or more sizes support one, else a plain power law."""
+    n = np.array([r.n_params for r in members], dtype=float)
+    y = np.array(losses if losses is not None else [r.loss for r in members])
+    if len(members) >= 4:
+        law = fit_power_law_offset(n, y)
+        if 0 < law.offset < y.min():
+            return law
+    return fit_power_law({"N": n}, y)
+
+
+def bootstrap(members: list[Rung], at: float, resamples: int = BOOTSTRAP) -> tuple[float, float]:
+    """The 95% interval of the fit's value at N = ``at`` over seed resamples."""
+    generator = np.random.default_rng(0)
+    values = []
+    for _ in range(resamples):
+        means = [float(np.mean(generator.choice(list(r.losses.values()), size=len(r.losses)))) for r in members]
+        values.append(fit_loss(members, means).predict(np.array([at]))[0])
+    low, high = np.percentile(values, [2.5, 97.5])
+    return float(low), float(high)
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """A method's predicted loss at a size left out of its fit."""
+
+    method: str
+    model: str
+    n_params: int
+    predicted: float
+    low: float
+    high: float
+    form: str
+    fitted_on: list[str]
+
+    def as_dict(self) -> dict:
+        return {"method": self.method, "model": self.model, "n_params": self.n_params, "predicted": self.predicted,
+                "low": self.low, "high": self.high, "form": self.form, "fitted_on": self.fitted_on}  # fmt: skip
+
+
+def predict(found: list[Rung], fit_sizes: list[str], model: str, n_params: int) -> list[Prediction]:
+    """Each method's loss at ``model`` (``n_params``) from its rungs at ``fit_sizes`` alone."""
+    check_sizes(found, fit_sizes, model)
+    predictions = []
+    for method, members in by_method(found).items():
+        members = [r for r in members if r.model in fit_sizes]
+        law = fit_loss(members)
+        low, high = bootstrap(members, n_params)
+        form = "A N^alpha + C" if law.offset_se is not None else "A N^alpha"
+        predictions.append(Prediction(method, model, n_params, float(law.predict(np.array([n_params]))[0]), low, high, form,
+                                      [r.model for r in members]))  # fmt: skip
+    return predictions
+
+
+def joint_fit(found: list[Rung]) -> PowerLaw | None:
+    """L = A N^alpha M^beta over the DiLoCo rungs (two or more sizes and replica counts)."""
+    diloco = [r for r in found if r.replicas is not None]
+    if len({r.n_params for r in diloco}) < 2 or len({r.replicas for r in diloco}) < 2:
+        return None
+    n, m = np.array([r.n_params for r in diloco], float), np.array([r.replicas for r in diloco], float)
+    return fit_power_law({"N": n, "M": m}, np.array([r.loss for r in diloco]))
+
+
+def lr_fit(members: list[Rung]) -> PowerLaw | None:
+    """The inner LR each size's search picked, as a N^b (two or more sizes)."""
+    tuned = [r for r in members if r.lr]
+    if len({r.n_params for r in tuned}) < 2:
+        return None
+    return fit_power_law({"N": np.array([r.n_params for r in tuned], float)}, np.array([r.lr for r in tuned]))

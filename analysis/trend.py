@@ -1,0 +1,61 @@
+"""Claims as trends: how a difference between two arms changes with model size.
+
+A trend claim (``trend: params`` in a study's claim) compares ``arm`` with ``baseline`` at
+every model size the study was crossed with (a ladder): at each size and judging seed the
+paired difference ``arm_s - baseline_s``, then the least-squares line of those differences
+against log10 N (N: the model's parameter count). The claim is judged on the slope's 95%
+interval, Student's t with n - 2 degrees of freedom (n: the (size, seed) points), the same
+way as a difference (``analysis/study.py``): ``slope_at_most: 0`` holds when the whole
+interval is at or below 0 (the gap shrinks, or at least does not grow, with N).
+"""
+
+import math
+from dataclasses import dataclass
+
+from analysis.study import NOT_RUN, NOT_TUNED, Claim, Interval, Verdict, combine, judge, t_quantile
+
+TREND_CONDITIONS = ("slope_at_most", "slope_at_least")
+
+
+@dataclass(frozen=True)
+class TrendPoint:
+    """One size and seed: the parameter count and the arm's difference from the baseline."""
+
+    n_params: float
+    seed: int
+    difference: float
+
+
+def slope(points: list[TrendPoint]) -> Interval:
+    """The slope of difference against log10 N, with its 95% interval (None with fewer than
+    3 points or a single size: no spread to judge against)."""
+    xs, ys = [math.log10(p.n_params) for p in points], [p.difference for p in points]
+    n = len(points)
+    if n < 2 or len(set(xs)) < 2:
+        return Interval("slope", float("nan"), None, None)
+    mx, my = sum(xs) / n, sum(ys) / n
+    sxx = sum((x - mx) ** 2 for x in xs)
+    b = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sxx
+    if n < 3:
+        return Interval("slope", b, None, None)
+    residual = sum((y - my - b * (x - mx)) ** 2 for x, y in zip(xs, ys)) / (n - 2)
+    half = t_quantile(n - 2) * math.sqrt(residual / sxx)
+    return Interval("slope", b, b - half, b + half)
+
+
+def judge_trend(claim: Claim, points: list[TrendPoint], untuned: frozenset[str] = frozenset()) -> Verdict:
+    """A trend claim's verdict on the (size, seed) differences of its arm from its baseline."""
+    if not points:
+        return Verdict(claim, [f"no size with finished runs of both {claim.arm} and {claim.baseline}"], NOT_RUN)
+    interval = slope(points)
+    sizes = len({p.n_params for p in points})
+    measured, verdicts = [], []
+    for metric, conditions in claim.expect.items():
+        for condition, threshold in conditions.items():
+            symbol = "<=" if condition.endswith("at_most") else ">="
+            measured.append(f"{metric} difference: slope per decade of N {interval} (want {symbol} {threshold:g};"
+                            f" {len(points)} points over {sizes} sizes)")  # fmt: skip
+            verdicts.append(judge(interval, condition, float(threshold)))
+    if {claim.arm, claim.baseline} & untuned:
+        return Verdict(claim, [*measured, "not bracketed in every dimension at every size"], NOT_TUNED)
+    return Verdict(claim, measured, combine(verdicts))

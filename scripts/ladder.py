@@ -1,0 +1,187 @@
+"""A scaling ladder's fits and its held-out prediction, from the framework's own runs.
+
+    python scripts/ladder.py predict outputs/studies/cpu_ladder                # before the largest size is read
+    python scripts/ladder.py report outputs/studies/cpu_ladder --out docs/     # fits, prediction against measured, trends
+
+``predict`` fits each method's L(N) on every size but the one it predicts (by default the
+largest the folder's runs name; ``--predict NAME`` names a model preset, ``--sizes`` the
+sizes to fit on) and writes the predictions, with their bootstrap intervals, to
+``DIR/ladder_prediction.yaml``. It reads the configs of all runs but the results of the
+fitted sizes only: what the predicted size's runs logged is never opened.
+
+``report`` reads every run and the recorded prediction, and prints the prediction table
+(method, size, predicted with its interval, measured over seeds, relative error), the fits
+on all sizes (L(N) per method, the joint L(N, M) over DiLoCo, the inner LR each size's search
+picked against N) and the study's claims, trend claims included; it writes
+``ladder_loss.png`` (loss against N with the fits and the held-out prediction) and
+``ladder_gap.png`` (each DiLoCo method's difference from data parallelism against N).
+Definitions: ``analysis/ladder.py``.
+"""
+
+import argparse
+import sys
+from pathlib import Path
+
+import matplotlib
+import numpy as np
+import yaml
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+from analysis.ladder import Prediction, by_method, check_sizes, fit_loss, joint_fit, lr_fit, predict, rungs  # noqa: E402
+from analysis.report import build_report, verdict_table  # noqa: E402
+from analysis.runs import METRICS, find_runs, load_run  # noqa: E402
+from analysis.scaling_laws import parameter_count  # noqa: E402
+from common.errors import ConfigError, UserError  # noqa: E402
+from launch.cli import exit_code  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+PREDICTION = "ladder_prediction.yaml"
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    commands = parser.add_subparsers(dest="command", required=True)
+    ahead = commands.add_parser("predict", help="fit the smaller sizes, predict the held-out one")
+    ahead.add_argument("dirs", nargs="+", type=Path, help="the ladder's sweep folders")
+    ahead.add_argument("--predict", help="the model preset to predict (default: the largest the runs name)")
+    ahead.add_argument("--sizes", nargs="+", help="model presets to fit on (default: every other size)")
+    after = commands.add_parser("report", help="fits on every size, the prediction against the measured loss")
+    after.add_argument("dirs", nargs="+", type=Path, help="the ladder's sweep folders")
+    after.add_argument("--out", type=Path, help="folder for the PNGs (default: FIRST_DIR/report)")
+    return parser.parse_args(argv)
+
+
+def run_models(dirs: list[Path]) -> dict[Path, dict]:
+    """Each run folder's model config, read from its config alone (no results)."""
+    models = {}
+    for folder in dirs:
+        for metrics in folder.rglob(str(METRICS)):
+            config = yaml.safe_load((metrics.parent / "hparams.yaml").read_text()) or {}
+            models[metrics.parent.parent] = config.get("model") or {}
+    if not models:
+        raise UserError(f"no runs under {', '.join(map(str, dirs))} (train with logger=csv).")
+    return models
+
+
+def preset(name: str) -> dict:
+    path = REPO / "conf" / "model" / f"{name}.yaml"
+    if not path.is_file():
+        raise ConfigError(f"--predict {name}: there is no model preset conf/model/{name}.yaml.")
+    return yaml.safe_load(path.read_text())
+
+
+def do_predict(args: argparse.Namespace) -> None:
+    models = run_models(args.dirs)
+    sizes = {str(m.get("name")): m for m in models.values()}
+    target = args.predict or max(sizes, key=lambda name: parameter_count(sizes[name]))
+    n_params = parameter_count(sizes.get(target) or preset(target))
+    fit_sizes = args.sizes or sorted(set(sizes) - {target})
+    if target in fit_sizes:
+        raise ConfigError(f"the prediction for {target} would be fitted on {target} itself: leave it out of --sizes.")
+    found = rungs([load_run(folder) for folder, model in models.items() if model.get("name") in fit_sizes])
+    check_sizes(found, fit_sizes, target)
+    predictions = predict(found, fit_sizes, target, n_params)
+    out = args.dirs[0] / PREDICTION
+    out.write_text(yaml.safe_dump([p.as_dict() for p in predictions], sort_keys=False))
+    for p in predictions:
+        print(f"{p.method} at {target} (N = {n_params:,}): {p.predicted:.4f} [{p.low:.4f}, {p.high:.4f}]"
+              f" from {p.form} on {', '.join(p.fitted_on)}")  # fmt: skip
+    print(f"wrote {out}", file=sys.stderr)
+
+
+def prediction_table(predictions: list[Prediction], measured: dict[tuple[str, str], list[float]]) -> str:
+    lines = ["| method | size | N | predicted (95% interval) | measured (mean ± std over seeds) | relative error |",
+             "|---|---|---|---|---|---|"]  # fmt: skip
+    for p in predictions:
+        values = measured.get((p.method, p.model))
+        if not values:
+            lines.append(f"| {p.method} | {p.model} | {p.n_params:,} | {p.predicted:.4f} [{p.low:.4f}, {p.high:.4f}] | not run | - |")
+            continue
+        mean, std = float(np.mean(values)), float(np.std(values, ddof=1)) if len(values) > 1 else 0.0
+        lines.append(f"| {p.method} | {p.model} | {p.n_params:,} | {p.predicted:.4f} [{p.low:.4f}, {p.high:.4f}]"
+                     f" | {mean:.4f} ± {std:.4f} | {(p.predicted - mean) / mean:+.2%} |")  # fmt: skip
+    return "\n".join(lines)
+
+
+def do_report(args: argparse.Namespace) -> None:
+    runs = find_runs(args.dirs)
+    found = rungs(runs)
+    recorded = args.dirs[0] / PREDICTION
+    if not recorded.is_file():
+        raise UserError(f"no recorded prediction in {recorded}: run `python scripts/ladder.py predict {args.dirs[0]}` first.")
+    predictions = [Prediction(**entry) for entry in yaml.safe_load(recorded.read_text())]
+    measured = {(r.method, r.model): list(r.losses.values()) for r in found}
+    print(f"## Held-out prediction\n\n{prediction_table(predictions, measured)}\n\n## Fits on every size\n")
+    for method, members in by_method(found).items():
+        if len(members) >= 3:
+            print(f"- {method}: {fit_loss(members).describe('L')}")
+        law = lr_fit(members)
+        if law is not None:
+            print(f"- {method}, best inner LR: {law.describe('lr')}")
+    joint = joint_fit(found)
+    if joint is not None:
+        print(f"- DiLoCo, joint: {joint.describe('L')}")
+    report = build_report(runs)
+    if report.verdicts:
+        print(f"\n## Claims\n\n{verdict_table(report.verdicts)}")
+    out = args.out or args.dirs[0] / "report"
+    out.mkdir(parents=True, exist_ok=True)
+    plot_loss(found, predictions, out / "ladder_loss.png")
+    plot_gap(found, out / "ladder_gap.png")
+    print(f"\nwrote {out / 'ladder_loss.png'} and {out / 'ladder_gap.png'}", file=sys.stderr)
+
+
+def plot_loss(found, predictions: list[Prediction], path: Path) -> None:
+    """Loss against N per method (mean, error bars: std over seeds), each method's fit on the
+    fitted sizes drawn out to the held-out one, and the prediction with its interval."""
+    figure, axis = plt.subplots(figsize=(7, 4.5))
+    for method, members in by_method(found).items():
+        held = {p.model: p for p in predictions if p.method == method}
+        fitted = [r for r in members if r.model not in held]
+        n = np.array([r.n_params for r in members], float)
+        errors = [np.std(list(r.losses.values()), ddof=1) if len(r.losses) > 1 else 0 for r in members]
+        (line,) = axis.plot([], [])
+        axis.errorbar(n, [r.loss for r in members], yerr=errors, fmt="o", color=line.get_color(), label=method, capsize=3)
+        if len(fitted) >= 3:
+            grid = np.geomspace(n.min(), n.max(), 50)
+            axis.plot(grid, fit_loss(fitted).predict(grid), "--", color=line.get_color())
+        for p in held.values():
+            axis.errorbar([p.n_params], [p.predicted], yerr=[[p.predicted - p.low], [p.high - p.predicted]], fmt="x",
+                          color=line.get_color(), capsize=5, markersize=10)  # fmt: skip
+    axis.set(xscale="log", xlabel="parameters N", ylabel="final val/loss (nats/token)",
+             title="loss against model size: fits on the smaller sizes (dashed), held-out prediction (x)")  # fmt: skip
+    axis.legend(fontsize="small")
+    figure.savefig(path, dpi=120, bbox_inches="tight")
+    plt.close(figure)
+
+
+def plot_gap(found, path: Path) -> None:
+    """Each DiLoCo method's loss minus data parallelism's at the same size and seed."""
+    figure, axis = plt.subplots(figsize=(7, 4.5))
+    methods = by_method(found)
+    baseline = {r.model: r for r in methods.get("dp", [])}
+    for method, members in methods.items():
+        if method == "dp":
+            continue
+        points = [(r.n_params, r.losses[s] - baseline[r.model].losses[s]) for r in members if r.model in baseline
+                  for s in r.losses if s in baseline[r.model].losses]  # fmt: skip
+        if points:
+            xs, ys = zip(*points)
+            axis.plot(xs, ys, "o", alpha=0.6, label=method)
+    axis.axhline(0, color="black", linewidth=0.8)
+    axis.set(xscale="log", xlabel="parameters N", ylabel="loss - data parallelism's (nats/token)",
+             title="DiLoCo's excess loss over data parallelism, per size and seed")  # fmt: skip
+    axis.legend(fontsize="small")
+    figure.savefig(path, dpi=120, bbox_inches="tight")
+    plt.close(figure)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    return exit_code(lambda: do_predict(args) if args.command == "predict" else do_report(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,150 @@
+"""The scaling ladder: its sizes against the parameter formula, fits that recover known laws,
+a held-out prediction that never reads the predicted size's runs, trend claims against a
+textbook regression, and its bad inputs (one line, exit code 2)."""
+
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+from omegaconf import OmegaConf
+from scipy import stats
+
+from analysis.ladder import Rung, fit_loss, predict
+from analysis.study import StudySpec
+from analysis.trend import TrendPoint, judge_trend, slope
+from common.errors import ConfigError
+from lightning_modules.llama import LlamaConfig, count_parameters
+from tests.run_helpers import REPO, compose_config
+
+SIZES = ["ladder_0_1m", "ladder_0_3m", "ladder_0_65m", "ladder_1_2m", "ladder_2_1m"]
+
+
+def formula(n_layers: int, d_model: int, vocab: int) -> int:
+    """Attention 4 d^2 and a 3-matrix MLP of width 4 d per block, two norms per block and a
+    final one, untied input and output embeddings."""
+    return n_layers * (4 * d_model**2 + 3 * d_model * 4 * d_model + 2 * d_model) + d_model + 2 * vocab * d_model
+
+
+@pytest.mark.parametrize("name", SIZES)
+def test_each_ladder_size_composes_and_matches_the_parameter_formula(name: str, tmp_path: Path) -> None:
+    cfg = compose_config([f"model={name}"], tmp_path)
+    model = {k: v for k, v in OmegaConf.to_container(cfg.model).items() if k != "_target_"}
+    assert model["d_model"] == 24 * model["n_layers"] and model["d_model"] % model["n_heads"] == 0
+    assert model["mlp_hidden"] == 4 * model["d_model"] and model["n_kv_heads"] == model["n_heads"]
+    n = count_parameters(LlamaConfig(**model))
+    assert n == formula(model["n_layers"], model["d_model"], model["vocab_size"])
+    nominal = float(name.removeprefix("ladder_").removesuffix("m").replace("_", ".")) * 1e6
+    assert abs(n / nominal - 1) < 0.1  # the name says the size
+
+
+LAW = {"a": 30.0, "alpha": -0.3, "c": 1.5}
+N = [104_688, 295_416, 652_128, 1_230_120, 2_084_688]
+
+
+def law(n: float) -> float:
+    return LAW["a"] * n ** LAW["alpha"] + LAW["c"]
+
+
+def rung(model: str, n: int, losses: dict[int, float], method: str = "dp") -> Rung:
+    return Rung(method, model, n, None if method == "dp" else 2, losses, 4e-3)
+
+
+def test_the_fit_recovers_a_known_law_with_an_irreducible_term() -> None:
+    members = [rung(name, n, {2: law(n)}) for name, n in zip(SIZES, N)]
+    fitted = fit_loss(members)
+    assert fitted.exponents[0] == pytest.approx(LAW["alpha"], rel=1e-3)
+    assert fitted.offset == pytest.approx(LAW["c"], rel=1e-3) and fitted.a == pytest.approx(LAW["a"], rel=1e-2)
+    # Three sizes cannot support the offset: a plain power law, still through the points.
+    three = fit_loss(members[:3])
+    assert three.offset_se is None and three.predict(np.array(N[:3])) == pytest.approx([law(n) for n in N[:3]], rel=1e-2)
+
+
+def test_the_prediction_brackets_the_held_out_size_and_ignores_it() -> None:
+    generator = np.random.default_rng(0)
+    members = [rung(name, n, {s: law(n) + generator.normal(0, 0.005) for s in (2, 3, 4)}) for name, n in zip(SIZES, N)]
+    (prediction,) = predict(members, SIZES[:4], SIZES[4], N[4])
+    assert prediction.fitted_on == SIZES[:4] and prediction.low < law(N[4]) < prediction.high
+    assert abs(prediction.predicted / law(N[4]) - 1) < 0.01
+    (again,) = predict(members[:4], SIZES[:4], SIZES[4], N[4])  # the held-out rung gone: the same
+    assert again == prediction
+    with pytest.raises(ConfigError, match="would be fitted on ladder_2_1m itself"):
+        predict(members, SIZES, SIZES[4], N[4])
+    with pytest.raises(ConfigError, match="the dp fit has 2 size"):
+        predict(members, SIZES[:2], SIZES[4], N[4])
+
+
+def test_the_trend_slope_and_interval_equal_scipys_regression() -> None:
+    points = [TrendPoint(n, s, 0.05 - 0.01 * math.log10(n) + 0.002 * s) for n in N for s in (2, 3)]
+    interval = slope(points)
+    fit = stats.linregress([math.log10(p.n_params) for p in points], [p.difference for p in points])
+    half = stats.t.ppf(0.975, len(points) - 2) * fit.stderr
+    assert (interval.value, interval.low, interval.high) == pytest.approx((fit.slope, fit.slope - half, fit.slope + half), rel=1e-3)
+    preset = OmegaConf.load(REPO / "conf" / "sweep" / "scaling_ladder.yaml")
+    spec = StudySpec.from_config(OmegaConf.to_container(preset.study))
+    assert judge_trend(spec.claims[0], points).verdict == "holds"  # the gap falls by 0.01 nats per decade
+    rising = [TrendPoint(p.n_params, p.seed, -p.difference) for p in points]
+    assert judge_trend(spec.claims[0], rising).verdict == "fails"
+    assert judge_trend(spec.claims[0], []).verdict == "not run"
+
+
+def test_a_trend_claim_needs_a_slope_condition() -> None:
+    with pytest.raises(ConfigError, match="slope_at_most / slope_at_least go with trend: params"):
+        StudySpec.from_config({"arms": {"a": [], "b": []}, "seeds": [1, 2],
+                               "claims": [{"arm": "a", "baseline": "b", "trend": "params", "expect": {"val/loss": {"difference_at_most": 0}}}]})  # fmt: skip
+
+
+def write_run(folder: Path, model: str, arm: str, seed: int, loss: float) -> None:
+    """A finished judging run as the CSV logger and the sweep leave it."""
+    (folder / "csv").mkdir(parents=True)
+    (folder / ".hydra").mkdir()
+    shape = yaml.safe_load((REPO / "conf" / "model" / f"{model}.yaml").read_text())
+    config = {"model": shape, "seed": seed, "study": {"arm": arm, "phase": "judge"}, "optimizer": {"lr": 4e-3}}
+    (folder / "csv" / "hparams.yaml").write_text(yaml.safe_dump(config))
+    (folder / "csv" / "metrics.csv").write_text(f"step,train/tokens_seen,val/loss\n10,1000,{loss}\n")
+    (folder / ".hydra" / "overrides.yaml").write_text(yaml.safe_dump([f"model={model}", f"study.arm={arm}", f"seed={seed}"]))
+    (folder / "finished.yaml").write_text("metrics: {}\n")
+
+
+def ladder(cli: list[str]) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(REPO / "scripts" / "ladder.py"), *cli], capture_output=True, text=True, cwd=REPO)
+
+
+def test_the_prediction_command_never_reads_the_predicted_size(tmp_path: Path) -> None:
+    sweep, job = tmp_path / "sweep", 0
+    for name, n in zip(SIZES, N):
+        for seed in (2, 3):
+            write_run(sweep / str(job), name, "dp", seed, law(n) + 0.003 * (seed - 2.5))
+            job += 1
+    result = ladder(["predict", str(sweep)])
+    assert result.returncode == 0, result.stderr
+    first = (sweep / "ladder_prediction.yaml").read_text()
+    assert "ladder_2_1m" in result.stdout and yaml.safe_load(first)[0]["fitted_on"] == SIZES[:4]
+    for folder in (sweep / "8", sweep / "9"):  # the largest size's runs
+        for path in sorted(folder.rglob("*"), reverse=True):
+            path.unlink() if path.is_file() else path.rmdir()
+        folder.rmdir()
+    result = ladder(["predict", str(sweep), "--predict", "ladder_2_1m"])
+    assert result.returncode == 0, result.stderr
+    assert (sweep / "ladder_prediction.yaml").read_text() == first
+    report = ladder(["report", str(sweep), "--out", str(tmp_path / "report")])
+    assert report.returncode == 0, report.stderr
+    assert "| dp | ladder_2_1m | 2,084,688 |" in report.stdout and "| not run | - |" in report.stdout
+    # Bad input: a size in the fit and the prediction, and too few sizes for a fit.
+    refused = ladder(["predict", str(sweep), "--predict", "ladder_1_2m", "--sizes", *SIZES[:4]])
+    assert refused.returncode == 2 and refused.stderr.strip().splitlines() == [
+        "error: the prediction for ladder_1_2m would be fitted on ladder_1_2m itself: leave it out of --sizes."
+    ]
+    few = ladder(["predict", str(sweep), "--predict", "ladder_2_1m", "--sizes", *SIZES[:2]])
+    assert few.returncode == 2 and few.stderr.strip().splitlines()[0].startswith("error: the dp fit has 2 size(s)")
+
+
+def test_a_size_whose_heads_do_not_divide_its_width_is_one_line(tmp_path: Path) -> None:
+    result = subprocess.run([sys.executable, str(REPO / "train.py"), "model=ladder_0_3m", "model.n_heads=5",
+                             f"hydra.run.dir={tmp_path / 'run'}"], capture_output=True, text=True, cwd=REPO)  # fmt: skip
+    assert result.returncode == 2
+    (line,) = result.stderr.strip().splitlines()
+    assert line.startswith("error: ") and "n_heads" in line
