@@ -45,6 +45,10 @@ log = logging.getLogger(__name__)
 
 
 
+def processes(count: int) -> str:
+    return f"{count} process{'' if count == 1 else 'es'}"
+
+
 class LlamaLightningModule(L.LightningModule):
     """Next-token prediction on packed rows with token-based schedules.
 
@@ -359,7 +363,7 @@ class LlamaLightningModule(L.LightningModule):
         written_by = checkpoint.get("world_size", self.trainer.world_size)
         if written_by != self.trainer.world_size:
             notes.append(
-                f"resuming on {self.trainer.world_size} processes (the checkpoint's run had {written_by}):"
+                f"resuming on {processes(self.trainer.world_size)} (the checkpoint's run had {written_by}):"
                 f" the weights and optimizer state are resharded, the data continues at sequence {state.clock.sequences:,}"
             )
         for note in notes:

@@ -52,7 +52,8 @@ def test_a_sharded_checkpoint_resumes_on_another_world_size(uninterrupted, writt
     checkpoint = full / "checkpoints" / "step000002.ckpt"
     assert checkpoint.is_dir()  # sharded: one file per rank
     result = train(tmp_path, tmp_path_factory.getbasetemp() / "cache", resumed_on, f"ckpt_path={checkpoint}")
-    assert (f"resuming on {resumed_on} processes (the checkpoint's run had {written_by}): the weights and optimizer"
+    on = f"{resumed_on} process" + ("es" if resumed_on > 1 else "")
+    assert (f"resuming on {on} (the checkpoint's run had {written_by}): the weights and optimizer"
             " state are resharded, the data continues at sequence 16") in result.stdout + result.stderr  # fmt: skip
     # Progress lines time this process (before the fix a resumed run counted from boot).
     assert [int(m) for m in re.findall(r"(\d+)m\d+s elapsed", result.stdout + result.stderr)] == [0]
