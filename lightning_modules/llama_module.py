@@ -44,7 +44,6 @@ PROGRESS_BAR_KEYS = ("train/loss", "perf/tokens_per_sec")
 log = logging.getLogger(__name__)
 
 
-
 def processes(count: int) -> str:
     return f"{count} process{'' if count == 1 else 'es'}"
 
