@@ -229,6 +229,57 @@ def plot_front(report: "StudyReport", path: Path) -> bool:
     return True
 
 
+CROSSED_FILE = "crossed.png"
+
+
+def crossed_axis(groups: list[Group], spec: StudySpec | None) -> tuple[str, dict[str, float]] | None:
+    """The one numeric setting a study crossed its arms with (``seqlen_lr``'s learning rate):
+    its key and each group's value, or None when the groups differ otherwise."""
+    if spec is None or not groups or not all(group.arm for group in groups):
+        return None
+    values, keys = {}, set()
+    for group in groups:
+        own = [o for o in crossed_with(group.runs[0], spec) if o not in _shared(groups, spec)]
+        if len(own) != 1:
+            return None
+        key, _, text = own[0].partition("=")
+        try:
+            values[group.name] = float(text)
+        except ValueError:
+            return None
+        keys.add(key)
+    return (keys.pop(), values) if len(keys) == 1 and len(set(values.values())) > 1 else None
+
+
+def _shared(groups: list[Group], spec: StudySpec) -> set[str]:
+    return set.intersection(*(set(crossed_with(group.runs[0], spec)) for group in groups))
+
+
+def plot_crossed(report: "StudyReport", path: Path) -> bool:
+    """A study's headline when its arms were crossed with one number: each arm's final
+    val/loss (mean, error bars: std over seeds) against that number, and beside it the first
+    extra column the study asks for (the sequence-length study's spikes). False otherwise."""
+    groups = report.judged_groups
+    axis_values = crossed_axis(groups, report.spec)
+    if axis_values is None:
+        return False
+    key, values = axis_values
+    panels = ["val/loss", *report.spec.columns[:1]]
+    figure, axes = plt.subplots(1, len(panels), figsize=(6 * len(panels), 4.5), squeeze=False)
+    for axis, metric in zip(axes[0], panels):
+        for arm in dict.fromkeys(group.arm for group in groups):
+            points = sorted((values[g.name], g.spread(metric)) for g in groups if g.arm == arm and g.spread(metric))
+            if points:
+                axis.errorbar([x for x, _ in points], [s.mean for _, s in points], yerr=[s.std for _, s in points], marker="o",
+                              capsize=3, label=arm)  # fmt: skip
+        axis.set(xscale="log", xlabel=key, ylabel=metric, title=f"final {metric}")
+        axis.legend(fontsize="small")
+    figure.suptitle(f"against {key}: mean, error bars std over seeds")
+    figure.savefig(path, dpi=120, bbox_inches="tight")
+    plt.close(figure)
+    return True
+
+
 def evaluation_plots(runs: list[Run]) -> list[Plot]:
     """One plot per downstream evaluation metric (``eval/<task>/<metric>``) any run logged."""
     keys = sorted({key for run in runs for row in run.rows for key in row if key.startswith("eval/")})
@@ -380,6 +431,8 @@ def write_report(report: StudyReport, out: Path) -> list[str]:
     images = "\n\n".join(f"![{plot.label} against {X_LABELS[plot.x]}]({plot.file})" for plot in written)
     if plot_front(report, out / FRONT_FILE):
         images = f"![final loss against optimizer steps, with the front]({FRONT_FILE})\n\n{images}"
+    if plot_crossed(report, out / CROSSED_FILE):
+        images = f"![final loss against the crossed setting]({CROSSED_FILE})\n\n{images}"
     for path in reversed(tuning_figures(report.tunings, out)):
         images = f"![{path.stem}]({path.name})\n\n{images}"
     folders = "\n".join(f"- {label}: `{run.path}`" for label, run in zip(labels, report.runs))

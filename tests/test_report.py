@@ -180,3 +180,31 @@ def test_missing_runs_are_an_error_that_names_the_folder(tmp_path: Path) -> None
         load_run(tmp_path)
     with pytest.raises(FileNotFoundError, match=str(tmp_path)):
         find_runs([tmp_path])
+
+
+def test_a_study_crossed_with_one_number_gets_its_headline_figure(tmp_path: Path) -> None:
+    """Two arms x three learning rates x two seeds, made by hand: the figure's axis is the
+    learning rate, and each point is the arm's mean at that rate."""
+    from analysis.report import crossed_axis
+
+    study = {"arms": {"base": [], "warm": ["+technique=seq_len_warmup"]}, "seeds": [1, 2],
+             "columns": ["max(stability/loss_spike_ratio)"]}  # fmt: skip
+    losses = {}
+    for job, (arm, lr, seed) in enumerate((a, lr, s) for a in ("base", "warm") for lr in (1e-3, 4e-3, 1.6e-2) for s in (1, 2)):
+        folder = tmp_path / "sweep" / str(job)
+        (folder / "csv").mkdir(parents=True)
+        (folder / ".hydra").mkdir()
+        loss = 3.0 + lr * 10 * (1 if arm == "base" else 2) + seed * 0.01
+        losses.setdefault((arm, lr), []).append(loss)
+        overrides = [*study["arms"][arm], f"optimizer.lr={lr}", f"study.arm={arm}", f"seed={seed}"]
+        (folder / ".hydra" / "overrides.yaml").write_text(yaml.safe_dump(overrides))
+        (folder / "csv" / "hparams.yaml").write_text(yaml.safe_dump({"seed": seed, "study": {"arm": arm, **study}}))
+        (folder / "csv" / "metrics.csv").write_text(f"step,train/tokens_seen,val/loss,stability/loss_spike_ratio\n5,100,{loss},1.1\n")
+    report = build_report(find_runs([tmp_path / "sweep"]))
+    key, values = crossed_axis(report.judged_groups, report.spec)
+    assert key == "optimizer.lr" and sorted(set(values.values())) == [1e-3, 4e-3, 1.6e-2]
+    for group in report.judged_groups:
+        assert group.spread("val/loss").mean == pytest.approx(statistics.fmean(losses[(group.arm, values[group.name])]))
+    write_report(report, tmp_path / "out")
+    assert (tmp_path / "out" / "crossed.png").read_bytes().startswith(b"\x89PNG")
+    assert "crossed.png" in (tmp_path / "out" / "report.md").read_text()
