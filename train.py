@@ -21,7 +21,7 @@ from omegaconf import DictConfig
 from launch.cli import fail, is_rank_zero, run_cli
 from common.errors import UserError
 from launch.run_settings import RunSettings, check_config
-from launch.sweep_jobs import SweepJob, report_busy, report_resume, report_skip
+from launch.sweep_jobs import SweepJob, claim_folder, report_busy, report_resume, report_skip
 
 HYDRA_ONLY = {".hydra", "train.log"}  # what Hydra writes into a run folder before the run starts
 
@@ -32,7 +32,11 @@ def main(cfg: DictConfig) -> float | None:
         settings = check_config(cfg)
         job = SweepJob.current()
         if job is None:
-            return train_and_report(cfg, settings)
+            folder = Path(HydraConfig.get().runtime.output_dir)
+            with claim_folder(folder, settings.run.world_size) as holder:
+                if holder is not None:  # e.g. two jobs started in the same second share the time-stamped folder
+                    raise UserError(f"{folder} is in use by another run ({holder}): give this run its own hydra.run.dir.")
+                return train_and_report(cfg, settings)
         with job.claim(settings.run.world_size) as holder:
             if holder is not None:  # a second worker of the same sweep command has it
                 report_busy(job, holder)

@@ -25,7 +25,7 @@ import os
 import socket
 import zipfile
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -84,41 +84,47 @@ class SweepJob:
         candidates = [folder / "last.ckpt", *sorted(folder.glob("step*.ckpt"), reverse=True)]
         return next((path for path in candidates if path.is_file() and zipfile.is_zipfile(path)), None)
 
-    @contextmanager
-    def claim(self, processes: int | None) -> Iterator[str | None]:
-        """Hold this job for this process while the block runs.
-
-        Yields None when the job is this process's, else the lock of the live worker on this
-        host that holds it (then nothing is written and the caller passes the job by). A job
-        of ``processes`` other than one (or an unknown count) is not locked: its ranks share it.
-        """
-        if processes != 1:
-            yield None
-            return
-        lock, mine = self.folder / LOCK, f"{socket.gethostname()} {os.getpid()}"
-        for _ in range(2):  # a second try after removing a dead worker's lock
-            try:
-                descriptor = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
-            except FileExistsError:
-                holder = _read(lock)
-                if holder is not None and _alive_here(holder):
-                    yield holder
-                    return
-                lock.unlink(missing_ok=True)
-                continue
-            with os.fdopen(descriptor, "w") as file:
-                file.write(mine)
-            try:
-                yield None
-            finally:
-                if _read(lock) == mine:
-                    lock.unlink()
-            return
-        yield _read(lock) or "another worker"  # lost the race for a dead worker's lock
+    def claim(self, processes: int | None) -> "AbstractContextManager[str | None]":
+        """Hold this job for this process while the block runs (``claim_folder``)."""
+        return claim_folder(self.folder, processes)
 
     def mark_finished(self, metrics: dict[str, float]) -> None:
         record = {"overrides": self.overrides, "metrics": {key: float(value) for key, value in metrics.items()}}
         (self.folder / MARKER).write_text(yaml.safe_dump(record, sort_keys=False))
+
+
+@contextmanager
+def claim_folder(folder: Path, processes: int | None) -> Iterator[str | None]:
+    """Hold a run or job folder for this process while the block runs.
+
+    Yields None when the folder is this process's, else the lock of the live process on this
+    host that holds it (then nothing is written: a sweep passes the job by, a single run
+    stops). A run of ``processes`` other than one (or an unknown count) is not locked: its
+    ranks share the folder.
+    """
+    if processes != 1:
+        yield None
+        return
+    lock, mine = folder / LOCK, f"{socket.gethostname()} {os.getpid()}"
+    for _ in range(2):  # a second try after removing a dead worker's lock
+        try:
+            descriptor = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+        except FileExistsError:
+            holder = _read(lock)
+            if holder is not None and _alive_here(holder):
+                yield holder
+                return
+            lock.unlink(missing_ok=True)
+            continue
+        with os.fdopen(descriptor, "w") as file:
+            file.write(mine)
+        try:
+            yield None
+        finally:
+            if _read(lock) == mine:
+                lock.unlink()
+        return
+    yield _read(lock) or "another worker"  # lost the race for a dead worker's lock
 
 
 def _read(lock: Path) -> str | None:

@@ -143,3 +143,22 @@ def test_the_ranks_of_a_multi_process_job_do_not_lock_it(tmp_path: Path) -> None
         with job.claim(processes=processes) as holder:
             assert holder is None
     assert (tmp_path / LOCK).read_text() == rank_zero  # neither taken nor removed
+
+
+def test_a_single_run_refuses_a_folder_a_live_run_holds(tmp_path: Path) -> None:
+    """Two jobs started in one second (torchft groups, SLURM array tasks) get the same
+    time-stamped folder: the second stops with one line instead of mixing its logs in."""
+    folder = tmp_path / "run"
+    folder.mkdir()
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    try:
+        (folder / LOCK).write_text(f"{socket.gethostname()} {other.pid}")
+        result = run_train([*TINY, "trainer.max_steps=2", "logger=csv"], folder, tmp_path / "cache")
+    finally:
+        other.kill()
+        other.wait()
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        f"error: {folder} is in use by another run ({socket.gethostname()} {other.pid}): give this run its own hydra.run.dir."
+    ]
+    assert not (folder / "csv").exists()
