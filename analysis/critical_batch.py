@@ -206,3 +206,43 @@ def plot_points(points: list[BranchPoint], eta: float, path: Path) -> None:
     axis.legend(fontsize="small")
     figure.savefig(path, dpi=120, bbox_inches="tight")
     plt.close(figure)
+
+
+@dataclass(frozen=True)
+class Growth:
+    """How the critical batch scales: log B* = c + b_tokens log t + b_size log N, by least
+    squares over every (size, seed, branch point), with each exponent's 95% interval."""
+
+    tokens: tuple[float, float, float]  # exponent, low, high
+    size: tuple[float, float, float]
+    points: int
+    censored: int  # points whose largest batch passed: B* is only a lower bound there
+
+    def verdict(self) -> str:
+        """Grows with tokens (its interval above 0); with size or not (the size exponent's
+        interval above 0, or containing it)."""
+        with_tokens = "grows with tokens" if self.tokens[1] > 0 else "does not grow measurably with tokens"
+        with_size = "grows with model size" if self.size[1] > 0 else (
+            "shrinks with model size" if self.size[2] < 0 else "does not change measurably with model size")
+        return f"{with_tokens}; {with_size}"
+
+
+def growth(points_by_size: dict[float, list[BranchPoint]]) -> Growth:
+    """The critical batch's exponents in tokens and model size over a ladder's measurements
+    (two or more sizes, and more points than three)."""
+    rows = [(math.log(p.tokens), math.log(n), math.log(p.critical), p.censored) for n, points in points_by_size.items() for p in points]
+    if len(points_by_size) < 2 or len(rows) <= 3:
+        raise ConfigError("the critical batch's growth needs measurements at two or more model sizes (--compare DIR DIR ...).")
+    import numpy as np
+
+    design = np.array([[1.0, t, n] for t, n, _, _ in rows])
+    target = np.array([b for _, _, b, _ in rows])
+    coefficients, *_ = np.linalg.lstsq(design, target, rcond=None)
+    residual = target - design @ coefficients
+    dof = len(rows) - 3
+    covariance = residual @ residual / dof * np.linalg.pinv(design.T @ design)
+    from analysis.study import t_quantile
+
+    half = t_quantile(dof) * np.sqrt(np.diag(covariance))
+    exponent = lambda i: (float(coefficients[i]), float(coefficients[i] - half[i]), float(coefficients[i] + half[i]))  # noqa: E731
+    return Growth(exponent(1), exponent(2), len(rows), sum(censored for *_, censored in rows))

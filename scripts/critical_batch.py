@@ -2,6 +2,7 @@
 
     python scripts/critical_batch.py --dir outputs/studies/critical_batch
     python scripts/critical_batch.py --dir DIR --seeds 1 --steps 25 50 --batches 16 64 --window 65536 model.n_layers=2
+    python scripts/critical_batch.py --compare outputs/studies/critical_batch_0_3m outputs/studies/critical_batch_1_2m
 
 Three stages, each resumable (the same command again skips what finished and resumes what
 was interrupted):
@@ -18,7 +19,10 @@ was interrupted):
    tokens, with the gradient noise scale and the norm test's batch on the same axes).
 
 Extra arguments are train.py overrides for both the base runs and the branches (a smaller
-model, another data source). The definitions are in ``analysis/critical_batch.py``.
+model, another data source). ``--compare`` measures nothing: it reads finished studies of
+several model sizes (a ladder's, each with ``model=...``) and fits log B* against log tokens
+and log N, saying whether the critical batch grows with tokens and with size. The
+definitions are in ``analysis/critical_batch.py``.
 """
 
 import argparse
@@ -34,10 +38,12 @@ from analysis.critical_batch import (  # noqa: E402
     BaseRun,
     branch_arms,
     branch_points,
+    growth,
     plot_points,
     points_table,
     summary_table,
 )
+from analysis.scaling_laws import parameter_count  # noqa: E402
 from analysis.runs import find_runs  # noqa: E402
 from common.errors import ConfigError, UserError  # noqa: E402
 from launch.cli import exit_code  # noqa: E402
@@ -57,6 +63,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="branch batch sizes; the smallest is the reference")  # fmt: skip
     parser.add_argument("--window", type=int, default=262_144, help="tokens each branch trains for")
     parser.add_argument("--tolerance", type=float, default=0.01, help="loss tolerance (nats) against the smallest batch")
+    parser.add_argument("--compare", type=Path, nargs="+", metavar="DIR",
+                        help="measure nothing: the critical batch of several finished studies (a ladder's sizes) against tokens and size")  # fmt: skip
     parser.add_argument("overrides", nargs="*", help="train.py overrides for the base runs and the branches")
     args = parser.parse_args(argv)
     if args.window <= 0 or args.tolerance < 0 or min(args.batches) <= 0 or min(args.steps) <= 0:
@@ -128,8 +136,30 @@ def report(folder: Path, bases: dict, tolerance: float) -> None:
     print(f"wrote {out / 'critical_batch.md'} and {out / 'critical_batch.png'}", file=sys.stderr)
 
 
+def compare(folders: list[Path], tolerance: float) -> None:
+    """Each finished study's points, by its model's size; the fitted exponents and the verdict."""
+    by_size = {}
+    for folder in folders:
+        try:
+            runs = find_runs([folder / "base"])
+        except FileNotFoundError as error:
+            raise UserError(f"--compare {folder}: {error} Run the measurement there first.") from None
+        bases = base_runs(folder / "base", sorted(run.seed for run in runs))
+        n_params = parameter_count(runs[0].setting("model"))
+        by_size[n_params] = branch_points(bases, find_runs([folder / "branches"]), tolerance)
+        print(f"## {folder} (N = {n_params:,})\n\n{summary_table(by_size[n_params])}\n")
+    found = growth(by_size)
+    print(f"log B* against log tokens: exponent {found.tokens[0]:.3f} [{found.tokens[1]:.3f}, {found.tokens[2]:.3f}];"
+          f" against log N: {found.size[0]:.3f} [{found.size[1]:.3f}, {found.size[2]:.3f}]"
+          f" ({found.points} points, {found.censored} at the grid's top): the critical batch {found.verdict()}.")  # fmt: skip
+
+
 def main(argv: list[str] | None = None) -> int:
-    return exit_code(lambda: measure(parse_args(argv)))
+    def work() -> None:
+        args = parse_args(argv)
+        compare(args.compare, args.tolerance) if args.compare else measure(args)
+
+    return exit_code(work)
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@ import yaml
 
 from analysis.critical_batch import critical_batch
 from analysis.runs import find_runs
+from common.errors import ConfigError
 from tests.run_helpers import REPO, compose_config
 
 SMALL = ["model.n_layers=1", "model.d_model=32", "model.n_heads=4", "model.n_kv_heads=2", "model.mlp_hidden=64",
@@ -89,3 +90,20 @@ def test_the_report_applies_the_rule_to_the_branches_losses(measured: Path) -> N
         row = next(line for line in report.splitlines() if line.startswith(f"| 3 | {step} |"))
         assert row.split("|")[6].strip() == (f">= {best}" if best == 32 else str(best))
     assert (measured / "report" / "critical_batch.png").stat().st_size > 10_000
+
+
+def test_the_growth_fit_recovers_known_exponents_in_tokens_and_size() -> None:
+    """B* = 2 t^0.5 N^0 (powers of two, as the grid measures them, up to rounding) at two
+    sizes and three seeds: the token exponent is found, the size exponent is not."""
+    from analysis.critical_batch import BranchPoint, growth
+
+    def points(n: float, wobble: float) -> list:
+        return [BranchPoint(seed, step, tokens, {}, round(2 * tokens**0.5 * (1 + wobble * (seed - 2))), False, None, None)
+                for seed in (1, 2, 3) for step, tokens in ((25, 102_400), (50, 204_800), (100, 409_600), (200, 819_200))]  # fmt: skip
+
+    found = growth({3e5: points(3e5, 0.01), 1.2e6: points(1.2e6, -0.01)})
+    assert found.tokens[0] == pytest.approx(0.5, abs=0.01) and found.tokens[1] > 0.45
+    assert found.size[1] < 0 < found.size[2] and found.points == 24
+    assert found.verdict() == "grows with tokens; does not change measurably with model size"
+    with pytest.raises(ConfigError, match="two or more model sizes"):
+        growth({3e5: points(3e5, 0.01)})
