@@ -15,7 +15,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from analysis.runs import Run  # noqa: E402
-from analysis.search_space import Choice, Range  # noqa: E402
+from analysis.search_space import Choice, Range, describe  # noqa: E402
 from analysis.study import StudySpec  # noqa: E402
 from analysis.tuner import Tuning  # noqa: E402
 
@@ -67,6 +67,8 @@ def tuning_table(found: dict[tuple[str, str], Tuning]) -> str:
         statuses = ", ".join(f"{k.split('.')[-1]}: {s}" for k, s in tuning.statuses.items()) or "-"
         loss = tuning.results.get(tuning.winner)
         lines.append(f"| {arm} | {len(tuning.results)} | {settings} | {'-' if loss is None else f'{loss:.4f}'} | {statuses} |")
+    spaces = {name: tuning.space for (name, _), tuning in found.items() if tuning.space.dimensions}
+    lines.append("\nFirst grids: " + "; ".join(f"{name}: {', '.join(map(describe, space.dimensions))}" for name, space in spaces.items()))
     return "\n".join(lines)
 
 
