@@ -21,7 +21,7 @@ from omegaconf import DictConfig
 from launch.cli import fail, is_rank_zero, run_cli
 from common.errors import UserError
 from launch.run_settings import RunSettings, check_config
-from launch.sweep_jobs import SweepJob, claim_folder, report_busy, report_resume, report_skip
+from launch.sweep_jobs import SweepJob, claim_folder, report_busy, report_resume, report_skip, report_stopped
 
 HYDRA_ONLY = {".hydra", "train.log"}  # what Hydra writes into a run folder before the run starts
 
@@ -57,12 +57,17 @@ def main(cfg: DictConfig) -> float | None:
 
 
 def train_and_report(cfg: DictConfig, settings: RunSettings, job: SweepJob | None = None) -> float | None:
-    """Train; a sweep job that ran to its end leaves its marker. Returns the final val/loss."""
+    """Train; a sweep job that ran to its end leaves its marker. A job stopped by SIGTERM or
+    Ctrl-C (after its checkpoint) ends the whole sweep: the scheduler wants the process gone,
+    and the same command resumes the job. Returns the final val/loss."""
     from launch.training import train  # Lightning, torch, datasets: only for a valid config
 
     result = train(cfg, settings)
     if job is not None and result.finished:
         job.mark_finished(result.metrics)
+    elif job is not None:
+        report_stopped(job)
+        raise SystemExit(0)
     return result.metrics.get("val/loss")
 
 

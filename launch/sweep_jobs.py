@@ -166,3 +166,7 @@ def report_skip(job: SweepJob, metrics: dict[str, float]) -> None:
 
 def report_resume(job: SweepJob, checkpoint: Path) -> None:
     log.info("resuming %s from %s", job.label, checkpoint)
+
+
+def report_stopped(job: SweepJob) -> None:
+    log.info("stopped %s before its end (SIGTERM or Ctrl-C): the sweep ends here; the same command resumes it", job.label)

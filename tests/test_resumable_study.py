@@ -4,9 +4,11 @@ and runs with two workers (a job held by a live worker passed by)."""
 
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -162,3 +164,25 @@ def test_a_single_run_refuses_a_folder_a_live_run_holds(tmp_path: Path) -> None:
         f"error: {folder} is in use by another run ({socket.gethostname()} {other.pid}): give this run its own hydra.run.dir."
     ]
     assert not (folder / "csv").exists()
+
+
+def test_sigterm_during_a_sweep_job_ends_the_sweep_and_the_same_command_resumes(tmp_path: Path) -> None:
+    """A preempted sweep stops after the job in training saved its checkpoint; it does not go
+    on to the next job (nor, in a tuned study, run the stopped one again)."""
+    folder, cache = tmp_path / "sweep", tmp_path / "cache"
+    command = [sys.executable, str(REPO / "train.py"), *STUDY, f"hydra.sweep.dir={folder}", f"paths.cache_dir={cache}",
+               "+callbacks.pace._target_=tests.pace.Pace", "+callbacks.pace.seconds=0.5"]  # fmt: skip
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "WANDB_MODE": "offline", "OMP_NUM_THREADS": "1"}
+    process = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    checkpoint = folder / "0" / "checkpoints" / "step000002.ckpt"
+    deadline = time.monotonic() + 120
+    while not checkpoint.exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    process.send_signal(signal.SIGTERM)
+    output, _ = process.communicate(timeout=120)
+    assert process.returncode == 0, output[-3000:]
+    assert "stopped job 0 before its end (SIGTERM or Ctrl-C): the sweep ends here" in output
+    assert not (folder / "0" / "finished.yaml").exists() and not (folder / "1").exists()
+    resumed = sweep(folder, cache)
+    assert resumed.returncode == 0 and (folder / "3" / "finished.yaml").exists()
+    assert "resuming job 0 from" in resumed.stdout + resumed.stderr
