@@ -104,7 +104,8 @@ def test_without_a_failure_the_groups_take_the_same_steps_as_real_replicas(tmp_p
 
 def test_a_killed_group_leaves_the_other_training_and_a_restarted_one_rejoins(tmp_path, tmp_path_factory) -> None:
     cache = tmp_path_factory.getbasetemp() / "cache"
-    run = ["trainer.max_steps=240", "technique.diloco.sync_every=8", "callbacks.model_checkpoint.every_n_train_steps=16",
+    # 240 global steps of 4 sequences x 32 tokens: the token budget, summed over the groups.
+    run = ["token_budget=30720", "technique.diloco.sync_every=8", "callbacks.model_checkpoint.every_n_train_steps=16",
            "+callbacks.pace._target_=tests.pace.Pace", "+callbacks.pace.seconds=0.1"]  # fmt: skip
     with Lighthouse(min_replicas=1) as lighthouse:
         survivor = group(lighthouse, 0, tmp_path / "group0", cache, *run)
@@ -124,8 +125,9 @@ def test_a_killed_group_leaves_the_other_training_and_a_restarted_one_rejoins(tm
     assert "round discarded at global step" in logs[0]  # the round the victim died in
     present = metrics(tmp_path / "group0", "diloco/groups")
     assert 1.0 in present and present[-1] == 2.0  # averaged over the groups present, then both again
-    # Both reach the budget and end on the same weights (the final sync averages them).
-    assert metrics(tmp_path / "group0", "step")[-1] == metrics(tmp_path / "group1_restarted", "step")[-1] == 240
+    # Both reach the token budget and end on the same weights (the final sync averages them).
+    for name in ("group0", "group1_restarted"):
+        assert metrics(tmp_path / name, "train/tokens_seen")[-1] == 30720 and metrics(tmp_path / name, "step")[-1] == 240
     final = [checkpoint_weights(tmp_path / name / "checkpoints" / "last.ckpt") for name in ("group0", "group1_restarted")]
     for name, value in final[0].items():
         torch.testing.assert_close(final[1][name], value, rtol=0, atol=1e-6, msg=name)
