@@ -47,7 +47,7 @@ import torch._dynamo
 from torch._dynamo.utils import counters
 
 from benchmarks.loops import benchmark_config, framework_run, plain_tokens_per_sec
-from callbacks.step_callback import StepCallback
+from lightning_modules.step_callback import StepCallback
 from lightning_modules.liger_kernels import liger_available
 from lightning_modules.training_state import TrainingState
 

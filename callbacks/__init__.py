@@ -8,6 +8,7 @@
   checkpoints at the end, the token progress bar.
 
 Techniques and infrastructure talk to the training module only through the training state
-(``lightning_modules/training_state.py``) and the step hooks of ``step_callback.py``; a
-technique's settings class (``technique.py``) is checked before anything runs.
+(``lightning_modules/training_state.py``) and the step hooks of
+``lightning_modules/step_callback.py``; a technique's settings class (``technique.py``) is
+checked before anything runs.
 """

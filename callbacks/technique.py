@@ -20,7 +20,7 @@ from lightning_modules.global_batch import BatchConfig, GlobalBatch
 from lightning_modules.lr_schedule import LRScheduleConfig
 
 if TYPE_CHECKING:
-    from callbacks.step_callback import StepCallback
+    from lightning_modules.step_callback import StepCallback
 
 STRATEGIES = ("single_device", "ddp", "fsdp", "fsdp2")
 

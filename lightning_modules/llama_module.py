@@ -6,7 +6,7 @@ global batch does, which Lightning's ``accumulate_grad_batches`` cannot express.
 
 The module keeps the ``TrainingState`` (``lightning_modules/training_state.py``): the
 shared knobs that techniques turn, the step in progress and its metrics. It advances the
-state and calls the step-level hooks of ``callbacks/step_callback.py`` in a fixed order
+state and calls the step-level hooks of ``lightning_modules/step_callback.py`` in a fixed order
 (``docs/step_anatomy.md``); techniques never touch the module itself.
 """
 
@@ -21,7 +21,7 @@ from lightning.pytorch.strategies import FSDPStrategy
 from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 from torch.distributed.fsdp.wrap import wrap
 
-from callbacks.step_callback import StepCallback
+from lightning_modules.step_callback import StepCallback
 from common.data_groups import DataGroups
 from lightning_modules.fused_cross_entropy import IGNORE_INDEX
 from lightning_modules.global_batch import BatchConfig, GlobalBatch

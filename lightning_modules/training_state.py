@@ -4,7 +4,7 @@ Techniques (batch-size schedules, sequence-length warmup, DiLoCo) and the infras
 callbacks (throughput, validation schedule, ...) read and change training only through
 this object, which the training module owns, advances and checkpoints. They reach it as
 ``pl_module.training_state`` and receive it in the step hooks of
-``callbacks/step_callback.py``, which the module calls in a documented order
+``lightning_modules/step_callback.py``, which the module calls in a documented order
 (``docs/step_anatomy.md``).
 
 What it holds:

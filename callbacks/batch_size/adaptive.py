@@ -39,7 +39,7 @@ from callbacks.batch_size.noise_tests import (
     orthogonal_variance,
     required_batch,
 )
-from callbacks.step_callback import StepCallback
+from lightning_modules.step_callback import StepCallback
 from lightning_modules.sharded_sums import fsdp1_shard_groups
 from lightning_modules.training_state import TrainingState
 

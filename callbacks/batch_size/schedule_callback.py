@@ -3,7 +3,7 @@
 import lightning as L
 
 from callbacks.batch_size.schedules import BatchSchedule
-from callbacks.step_callback import StepCallback
+from lightning_modules.step_callback import StepCallback
 from callbacks.technique import RunContext
 from lightning_modules.training_state import TrainingState
 

@@ -16,7 +16,7 @@ from lightning.pytorch.loggers import WandbLogger
 from lm_eval.api.instance import Instance
 
 from callbacks.infrastructure.token_interval import TokenInterval
-from callbacks.step_callback import StepCallback
+from lightning_modules.step_callback import StepCallback
 from evaluation.lm_adapter import LlamaLM
 from lightning_modules.training_state import TrainingState
 

@@ -22,7 +22,7 @@ import time
 import lightning as L
 import torch
 
-from callbacks.step_callback import StepCallback
+from lightning_modules.step_callback import StepCallback
 from lightning_modules.flops import model_flops_per_token, peak_flops, recomputed_flops_per_token
 from lightning_modules.training_state import TrainingState
 

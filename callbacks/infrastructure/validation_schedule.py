@@ -11,7 +11,7 @@ from typing import Any
 import lightning as L
 
 from callbacks.infrastructure.token_interval import TokenInterval
-from callbacks.step_callback import StepCallback
+from lightning_modules.step_callback import StepCallback
 from lightning_modules.training_state import TrainingState
 
 NEVER = float("inf")

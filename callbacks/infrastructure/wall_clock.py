@@ -15,7 +15,7 @@ from typing import Any
 import lightning as L
 import torch
 
-from callbacks.step_callback import StepCallback
+from lightning_modules.step_callback import StepCallback
 from lightning_modules.training_state import TrainingState
 
 

@@ -14,7 +14,7 @@ import torch
 
 from callbacks.seq_len_warmup.cutting import CUTTERS
 from callbacks.seq_len_warmup.settings import SeqLenWarmupSettings
-from callbacks.step_callback import StepCallback
+from lightning_modules.step_callback import StepCallback
 from lightning_modules.training_state import TrainingState
 
 
