@@ -21,6 +21,7 @@ measured in the same call.
 import argparse
 import csv
 import os
+import shutil
 import signal
 import socket
 import statistics
@@ -30,6 +31,8 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+#: torchft's lighthouse binary, installed beside this Python (a venv's bin/ need not be on PATH).
+LIGHTHOUSE = shutil.which("torchft_lighthouse", path=str(Path(sys.executable).parent)) or "torchft_lighthouse"
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "WANDB_MODE": "offline", "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
 
 
@@ -112,7 +115,7 @@ def run_torchft(args: argparse.Namespace, lighthouse: str, name: str, kill_at: i
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     port = free_port()
-    lighthouse = subprocess.Popen(["torchft_lighthouse", "--min_replicas", "1", "--bind", f"127.0.0.1:{port}",
+    lighthouse = subprocess.Popen([LIGHTHOUSE, "--min_replicas", "1", "--bind", f"127.0.0.1:{port}",
                                    "--join_timeout_ms", "2000", "--heartbeat_timeout_ms", "2000"],
                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
     address = f"http://127.0.0.1:{port}"

@@ -5,6 +5,7 @@ live peer; bad setups are one line and exit code 2."""
 
 import csv
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -23,6 +24,8 @@ from tests.run_helpers import REPO, TINY, checkpoint_weights, compose_config, ru
 
 DILOCO = [*TINY, "+experiment=diloco", "batch.micro_batch_size=2", "batch.global_batch_size=4", "technique.diloco.sync_every=2",
           "logger=csv", "callbacks.validation_schedule.every_n_steps=1000"]  # fmt: skip
+#: torchft's lighthouse binary, installed beside this Python (a venv's bin/ need not be on PATH).
+LIGHTHOUSE = shutil.which("torchft_lighthouse", path=str(Path(sys.executable).parent)) or "torchft_lighthouse"
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "WANDB_MODE": "offline", "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
 ATOL = 1e-5  # as today's real-against-simulated DiLoCo test: float reduction order only
 
@@ -39,7 +42,7 @@ class Lighthouse:
     def __init__(self, min_replicas: int) -> None:
         self.address = f"http://127.0.0.1:{free_port()}"
         bind = self.address.removeprefix("http://")
-        command = ["torchft_lighthouse", "--min_replicas", str(min_replicas), "--bind", bind,
+        command = [LIGHTHOUSE, "--min_replicas", str(min_replicas), "--bind", bind,
                    "--join_timeout_ms", "1000", "--heartbeat_timeout_ms", "1000"]  # fmt: skip
         self.process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         deadline = time.monotonic() + 10
