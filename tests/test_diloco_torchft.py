@@ -109,7 +109,7 @@ def test_a_killed_group_leaves_the_other_training_and_a_restarted_one_rejoins(tm
     cache = tmp_path_factory.getbasetemp() / "cache"
     # 240 global steps of 4 sequences x 32 tokens: the token budget, summed over the groups.
     run = ["token_budget=30720", "technique.diloco.sync_every=8", "callbacks.model_checkpoint.every_n_train_steps=16",
-           "+callbacks.pace._target_=tests.pace.Pace", "+callbacks.pace.seconds=0.1"]  # fmt: skip
+           "+callbacks.pace._target_=tests.pace.Pace", "+callbacks.pace.seconds=0.15"]  # fmt: skip
     with Lighthouse(min_replicas=1) as lighthouse:
         survivor = group(lighthouse, 0, tmp_path / "group0", cache, *run)
         victim = group(lighthouse, 1, tmp_path / "group1", cache, *run)
