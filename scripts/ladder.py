@@ -29,7 +29,7 @@ import yaml
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from analysis.ladder import Prediction, by_method, check_sizes, fit_loss, joint_fit, lr_fit, predict, rungs  # noqa: E402
+from analysis.ladder import Prediction, by_method, fit_loss, joint_fit, lr_fit, predict, rungs  # noqa: E402
 from analysis.report import build_report, verdict_table  # noqa: E402
 from analysis.runs import METRICS, find_runs, load_run  # noqa: E402
 from analysis.scaling_laws import parameter_count  # noqa: E402
@@ -78,11 +78,8 @@ def do_predict(args: argparse.Namespace) -> None:
     target = args.predict or max(sizes, key=lambda name: parameter_count(sizes[name]))
     n_params = parameter_count(sizes.get(target) or preset(target))
     fit_sizes = args.sizes or sorted(set(sizes) - {target})
-    if target in fit_sizes:
-        raise ConfigError(f"the prediction for {target} would be fitted on {target} itself: leave it out of --sizes.")
-    found = rungs([load_run(folder) for folder, model in models.items() if model.get("name") in fit_sizes])
-    check_sizes(found, fit_sizes, target)
-    predictions = predict(found, fit_sizes, target, n_params)
+    found = rungs([load_run(folder) for folder, model in models.items() if model.get("name") in fit_sizes and model.get("name") != target])
+    predictions = predict(found, fit_sizes, target, n_params)  # refuses a fitted target, or too few sizes
     out = args.dirs[0] / PREDICTION
     out.write_text(yaml.safe_dump([p.as_dict() for p in predictions], sort_keys=False))
     for p in predictions:
