@@ -6,12 +6,14 @@ measures, in one process and through the framework's own pieces (``benchmarks/lo
 1. **layouts**: TinyLlama-1.1B at 2048 tokens, micro-batch x activation checkpointing x
    compile with the fused kernels on; micro_llama_300m and diloco_35m at the better of two
    layouts each;
-2. **correctness**: per-step losses over 20 steps of bf16 against fp32, of FSDP1 and FSDP2
+2. **kernels**: TinyLlama at one layout with each choice of fused kernels (Liger's or
+   Inductor's norm/SwiGLU/RoPE, Liger's or the chunked cross-entropy, the SDPA backend);
+3. **correctness**: per-step losses over 20 steps of bf16 against fp32, of FSDP1 and FSDP2
    on one device against one device, and of each fused path against the plain one;
-3. **techniques**: the norm test, sequence-length warmup (with Dynamo's count of graphs
+4. **techniques**: the norm test, sequence-length warmup (with Dynamo's count of graphs
    compiled after the first length) and simulated DiLoCo, each against the same training
    without it, under bf16 + compile;
-4. **overhead**: the framework against a plain PyTorch loop with the same model and kernels.
+5. **overhead**: the framework against a plain PyTorch loop with the same model and kernels.
 
 Before each run Dynamo and the CUDA allocator are reset, so every run compiles and
 allocates as a fresh process would (Inductor's on-disk cache stays: a graph compiled
@@ -51,7 +53,7 @@ from lightning_modules.step_callback import StepCallback
 from lightning_modules.liger_kernels import liger_available
 from lightning_modules.training_state import TrainingState
 
-SECTIONS = ("layouts", "correctness", "techniques", "overhead")
+SECTIONS = ("layouts", "kernels", "correctness", "techniques", "overhead")
 ACTIVATION_CHECKPOINTING = ("none", "mlp", "full")
 GRAPH_COUNTER = "torch._dynamo.utils.counters['stats']['unique_graphs']"
 NEVER_GROWS = ["technique.adaptive_batch.eta=1e6", "technique.adaptive_batch.theta=1e6", "technique.adaptive_batch.nu=1e6"]
@@ -59,7 +61,8 @@ MAX_TECHNIQUE_OVERHEAD = 0.03
 MIN_FRAMEWORK_RATIO = 0.98
 REPORT_NAME = "benchmark_gpu"
 # Each section's share of the time budget: the estimates of docs/gpu_benchmark.md, rounded.
-SHARES = {"layouts": 0.55, "correctness": 0.2, "techniques": 0.18, "overhead": 0.07}
+SHARES = {"layouts": 0.45, "kernels": 0.1, "correctness": 0.2, "techniques": 0.18, "overhead": 0.07}
+DILOCO_EXPERIMENT_H = 30  # technique.diloco.sync_every of +experiment=diloco
 
 
 # ---------------------------------------------------------------- what to run
@@ -67,9 +70,13 @@ SHARES = {"layouts": 0.55, "correctness": 0.2, "techniques": 0.18, "overhead": 0
 class Plan:
     """What one call runs: ``gpu_plan`` by default, ``quick_plan`` for the CPU smoke mode.
 
-    ``work_micro_batch`` and ``work_compile`` are the layout of the technique and overhead
-    runs: micro-batches of 4 so that DiLoCo's five extra fp32 copies of TinyLlama (22 GB)
-    still fit beside the activations on an 80 GB card.
+    ``work_micro_batch``, ``work_compile`` and ``work_kernels`` are the layout of the
+    technique and overhead runs: micro-batches of 4 so that DiLoCo's five extra fp32 copies
+    of TinyLlama (22 GB) still fit beside the activations on an 80 GB card, and Inductor's
+    norm/SwiGLU/RoPE rather than Liger's, which Dynamo cannot compile with the dynamic
+    shapes of sequence-length warmup (every technique run then has the baseline's kernels).
+    ``kernel_layout`` (micro-batch, checkpointing, compile) is where the kernels section
+    compares kernels: the fastest TinyLlama layout of the first H100 run.
     """
 
     name: str
@@ -87,8 +94,15 @@ class Plan:
     precision: str
     kernels: tuple[str, ...]
     kernels_label: str
+    work_kernels: tuple[str, ...]
+    kernel_layout: tuple[int, str, str]
     run_seconds: float
     compile_seconds: float
+
+
+def without_liger_modules(kernels: tuple[str, ...]) -> tuple[str, ...]:
+    """The same kernels with Inductor's (or eager) norm, SwiGLU and RoPE in place of Liger's."""
+    return tuple("layout.liger_kernels=false" if item == "layout.liger_kernels=true" else item for item in kernels)
 
 
 def kernel_choice(device: str) -> tuple[tuple[str, ...], str]:
@@ -124,6 +138,8 @@ def gpu_plan() -> Plan:
         precision="bf16-mixed",
         kernels=kernels,
         kernels_label=label,
+        work_kernels=without_liger_modules(kernels),
+        kernel_layout=(8, "none", "blocks"),
         run_seconds=15.0,
         compile_seconds=25.0,
     )
@@ -149,6 +165,8 @@ def quick_plan() -> Plan:
         precision="32-true",
         kernels=kernels,
         kernels_label=label,
+        work_kernels=without_liger_modules(kernels),
+        kernel_layout=(4, "none", "none"),
         run_seconds=5.0,
         compile_seconds=25.0,
     )
@@ -389,17 +407,15 @@ class Suite:
 
 
 # ---------------------------------------------------------------- 1. layouts
+TOKENS, MFU = Column("tokens_per_sec", "tokens/s", rate), Column("mfu", "MFU", percent)
+PEAK, STATUS = Column("peak_memory_gb", "peak GB", lambda v: f"{v:.1f}"), Column("status", "status")
 LAYOUT_COLUMNS = [
     Column("model", "model"),
     Column("micro_batch", "micro-batch"),
     Column("activation_checkpointing", "act. ckpt"),
     Column("compile", "compile"),
     Column("kernels", "kernels"),
-    Column("tokens_per_sec", "tokens/s", rate),
-    Column("mfu", "MFU", percent),
-    Column("hfu", "HFU", percent),
-    Column("peak_memory_gb", "peak GB", lambda v: f"{v:.1f}"),
-    Column("status", "status"),
+    TOKENS, MFU, Column("hfu", "HFU", percent), PEAK, STATUS,
 ]
 
 
@@ -443,8 +459,10 @@ def layouts(suite: Suite) -> Table:
     then each smaller model with and without compile, at one micro-batch per step and no
     checkpointing (activations of models this small fit: only speed is in question)."""
     plan = suite.plan
-    grid = itertools.product(plan.micro_batches, ACTIVATION_CHECKPOINTING, ("none", "blocks"))
-    rows = [layout_row(suite, plan.model, micro, checkpointing, compile_mode) for micro, checkpointing, compile_mode in grid]
+    # Checkpointing outermost: the rows without it (the likely fastest where memory allows)
+    # run first, so a tight budget skips the recomputing layouts rather than the fast ones.
+    grid = itertools.product(ACTIVATION_CHECKPOINTING, plan.micro_batches, ("none", "blocks"))
+    rows = [layout_row(suite, plan.model, micro, checkpointing, compile_mode) for checkpointing, micro, compile_mode in grid]
     mark_best(rows, 0)
     searched_from = len(rows)
     for model in plan.small_models:
@@ -453,7 +471,52 @@ def layouts(suite: Suite) -> Table:
     return Table("layouts", LAYOUT_COLUMNS, rows)
 
 
-# ---------------------------------------------------------------- 2. correctness
+# ---------------------------------------------------------------- 2. kernels
+KERNEL_COLUMNS = [Column("variant", "kernels"), Column("layout", "layout"), TOKENS,
+                  Column("ratio", "vs first row", decimals), MFU, PEAK, STATUS]  # fmt: skip
+
+
+def kernel_variants(plan: Plan) -> list[tuple[str, list[str], str | None]]:
+    """(label, kernel overrides, why it cannot run here or None): Liger's module kernels
+    against Inductor's fusion of the same ops, the SDPA backend, Liger's loss against the
+    chunked one."""
+    no_liger = None if plan.device == "cuda" and liger_available() else "skipped: needs liger-kernel and CUDA"
+    no_cudnn = None if plan.device == "cuda" else "skipped: cuDNN attention needs CUDA"
+    liger_loss = ["layout.loss=liger", "layout.fused_adamw=true"]
+    return [
+        ("liger CE + liger norm/SwiGLU/RoPE", [*liger_loss, "layout.liger_kernels=true"], no_liger),
+        ("liger CE + torch norm/SwiGLU/RoPE", [*liger_loss, "layout.liger_kernels=false"], no_liger),
+        ("liger CE + torch norm/SwiGLU/RoPE + cuDNN attention",
+         [*liger_loss, "layout.liger_kernels=false", "layout.attention_backend=cudnn"], no_liger or no_cudnn),
+        ("chunked CE + torch norm/SwiGLU/RoPE",
+         ["layout.loss=chunked", "layout.fused_adamw=true", "layout.liger_kernels=false"], None),
+    ]  # fmt: skip
+
+
+def kernels(suite: Suite) -> Table:
+    """The main model at ``plan.kernel_layout`` with each kernel choice (fused AdamW in all);
+    the ratio is against the first row that ran."""
+    plan, args = suite.plan, suite.args
+    micro, checkpointing, compile_mode = plan.kernel_layout
+    layout = f"micro {micro}, ckpt {checkpointing}, compile {compile_mode}"
+    base = suite.overrides(plan.model, f"batch.global_batch_size={plan.global_batch}", f"batch.micro_batch_size={micro}",
+                           f"layout.activation_checkpointing={checkpointing}", f"layout.compile={compile_mode}")  # fmt: skip
+    rows, first = [], None
+    for label, overrides, unavailable in kernel_variants(plan):
+        row = {"variant": label, "layout": layout, "model": plan.model}
+        if unavailable:
+            rows.append({**row, "status": unavailable})
+            continue
+        run = suite.run(f"kernels: {label}", [*base, *overrides], args.steps, args.warmup)
+        row.update(tokens_per_sec=run.tokens_per_sec, mfu=run.mfu, peak_memory_gb=run.peak_memory_gb, status=run.status)
+        if run.tokens_per_sec is not None:
+            first = first or run.tokens_per_sec
+            row["ratio"] = run.tokens_per_sec / first
+        rows.append(row)
+    return Table("kernels", KERNEL_COLUMNS, rows)
+
+
+# ---------------------------------------------------------------- 3. correctness
 CORRECTNESS_COLUMNS = [
     Column("check", "check"),
     Column("model", "model"),
@@ -526,7 +589,7 @@ def correctness(suite: Suite) -> Table:
     return Table("correctness", CORRECTNESS_COLUMNS, rows)
 
 
-# ---------------------------------------------------------------- 3. techniques
+# ---------------------------------------------------------------- 4. techniques
 TECHNIQUE_COLUMNS = [
     Column("technique", "technique"),
     Column("baseline", "baseline"),
@@ -550,14 +613,24 @@ def short_curriculum(seq_len: int) -> list[str]:
     ]
 
 
-def technique_row(name: str, baseline_name: str, technique: RunResult, baseline: RunResult, note: str) -> dict[str, Any]:
+def technique_row(name: str, baseline_name: str, rate: float | None, baseline: RunResult, note: str,
+                  status: str = "ok") -> dict[str, Any]:  # fmt: skip
     row = {"technique": name, "baseline": baseline_name, "baseline_tokens_per_sec": baseline.tokens_per_sec,
-           "tokens_per_sec": technique.tokens_per_sec, "note": note}  # fmt: skip
-    if technique.tokens_per_sec is None or baseline.tokens_per_sec is None:
-        return {**row, "result": technique.status if not technique.ok else baseline.status}
-    ratio = technique.tokens_per_sec / baseline.tokens_per_sec
+           "tokens_per_sec": rate, "note": note}  # fmt: skip
+    if rate is None or baseline.tokens_per_sec is None:
+        return {**row, "result": status if status != "ok" else baseline.status}
+    ratio = rate / baseline.tokens_per_sec
     within = 1 - ratio <= MAX_TECHNIQUE_OVERHEAD
     return {**row, "ratio": ratio, "overhead": 1 - ratio, "result": "within" if within else "OVER"}
+
+
+def rate_at_sync_every(turns: RunResult, with_outer: RunResult, measured_every: int, every: int) -> float | None:
+    """DiLoCo's rate at another H: the per-step time without outer steps plus the outer
+    step's cost, measured once per ``measured_every`` steps, spread over ``every`` steps."""
+    if turns.tokens_per_sec is None or with_outer.tokens_per_sec is None:
+        return None
+    per_step, per_step_with_outer = 1 / turns.tokens_per_sec, 1 / with_outer.tokens_per_sec  # seconds per token
+    return 1 / (per_step + (per_step_with_outer - per_step) * measured_every / every)
 
 
 def recompile_note(path: Path, run: RunResult) -> tuple[str, dict[str, Any] | None]:
@@ -574,11 +647,13 @@ def recompile_note(path: Path, run: RunResult) -> tuple[str, dict[str, Any] | No
 
 def techniques(suite: Suite) -> Table:
     """Each technique against the constant batch with the same tokens per optimizer step,
-    in the plan's work layout (bf16 + compile on the GPU)."""
+    in the plan's work layout (bf16 + compile on the GPU). DiLoCo runs twice: with no outer
+    step in the timed steps (the cost of the replicas' turns) and with one (its cost),
+    which together give its overhead at the experiment's H."""
     plan, args = suite.plan, suite.args
     batch, micro, sync_every = plan.global_batch, plan.work_micro_batch, max(1, args.steps // 2)
     work = suite.overrides(plan.model, f"batch.micro_batch_size={micro}", f"layout.compile={plan.work_compile}",
-                           "layout.activation_checkpointing=none", *plan.kernels)  # fmt: skip
+                           "layout.activation_checkpointing=none", *plan.work_kernels)  # fmt: skip
     constant = [*work, "+experiment=constant_bs", f"batch.global_batch_size={batch}"]
     graphs_path = Path(args.out) / "dynamo_graph_counts.json"
     graphs_path.parent.mkdir(parents=True, exist_ok=True)
@@ -590,25 +665,37 @@ def techniques(suite: Suite) -> Table:
                         "+callbacks.graph_count._target_=benchmarks.gpu_suite.DynamoGraphCount",
                         f"+callbacks.graph_count.path={graphs_path}"]  # fmt: skip
     seq_len_warmup = suite.run("sequence-length warmup", warmup_overrides, args.steps, args.warmup)
-    diloco = suite.run("simulated DiLoCo M=2", [*work, "+experiment=diloco", f"batch.global_batch_size={2 * batch}",
-                       f"technique.diloco.sync_every={sync_every}"], args.steps, args.warmup)  # fmt: skip
+    diloco = [*work, "+experiment=diloco", f"batch.global_batch_size={2 * batch}"]
+    never = args.warmup + args.steps + 1
+    turns = suite.run("simulated DiLoCo M=2, no outer step", [*diloco, f"technique.diloco.sync_every={never}"],
+                      args.steps, args.warmup)  # fmt: skip
+    outer = suite.run(f"simulated DiLoCo M=2, H={sync_every}", [*diloco, f"technique.diloco.sync_every={sync_every}"],
+                      args.steps, args.warmup)  # fmt: skip
     recompiles, counts = recompile_note(graphs_path, seq_len_warmup)
     baseline_name = f"constant batch {batch}"
-    warmup_row = technique_row("sequence-length warmup", baseline_name, seq_len_warmup, baseline,
-                               f"reshape mode, lengths L/4 and L/2 in the warm-up steps, then L; {recompiles}")  # fmt: skip
+    warmup_row = technique_row("sequence-length warmup", baseline_name, seq_len_warmup.tokens_per_sec, baseline,
+                               f"reshape mode, lengths L/4 and L/2 in the warm-up steps, then L; {recompiles}",
+                               seq_len_warmup.status)  # fmt: skip
     warmup_row["dynamo_graph_counts"] = counts
+    diloco_note = f"global batch {2 * batch}, each turn {batch}"
+    at_h = rate_at_sync_every(turns, outer, sync_every, DILOCO_EXPERIMENT_H)
     rows = [
-        technique_row("norm test", baseline_name, norm, baseline,
-                      f"tests every step on {batch // micro} micro-batch gradients; eta=theta=nu=1e6: the batch never grows"),
+        technique_row("norm test", baseline_name, norm.tokens_per_sec, baseline,
+                      f"tests every step on {batch // micro} micro-batch gradients; eta=theta=nu=1e6: the batch never grows",
+                      norm.status),
         warmup_row,
-        technique_row("simulated DiLoCo M=2", baseline_name, diloco, baseline,
-                      f"global batch {2 * batch}, each turn {batch}; H={sync_every}: one outer step in the timed steps"
-                      f" (at H=30 its share would be {sync_every}/30 of this)"),
+        technique_row("simulated DiLoCo M=2, no outer step", baseline_name, turns.tokens_per_sec, baseline,
+                      f"{diloco_note}; H={never}: the replicas' turns only", turns.status),
+        technique_row(f"simulated DiLoCo M=2, H={sync_every}", baseline_name, outer.tokens_per_sec, baseline,
+                      f"{diloco_note}; one outer step in the {args.steps} timed steps", outer.status),
+        technique_row(f"simulated DiLoCo M=2 at H={DILOCO_EXPERIMENT_H}", baseline_name, at_h, baseline,
+                      f"derived from the two rows above: the outer step's cost spread over {DILOCO_EXPERIMENT_H} steps"
+                      " (+experiment=diloco's H)", turns.status if not turns.ok else outer.status),
     ]  # fmt: skip
     return Table("techniques", TECHNIQUE_COLUMNS, rows)
 
 
-# ---------------------------------------------------------------- 4. framework overhead
+# ---------------------------------------------------------------- 5. framework overhead
 OVERHEAD_COLUMNS = [
     Column("model", "model"),
     Column("plain_tokens_per_sec", "plain PyTorch tokens/s", rate),
@@ -623,7 +710,7 @@ def overhead(suite: Suite) -> Table:
     plan, args = suite.plan, suite.args
     overrides = suite.overrides(plan.model, f"batch.global_batch_size={plan.global_batch}",
                                 f"batch.micro_batch_size={plan.work_micro_batch}", f"layout.compile={plan.work_compile}",
-                                "layout.activation_checkpointing=none", *plan.kernels)  # fmt: skip
+                                "layout.activation_checkpointing=none", *plan.work_kernels)  # fmt: skip
     framework = suite.run("framework loop", overrides, args.steps, args.warmup)
     plain = suite.run("plain PyTorch loop", overrides, args.steps, args.warmup, loop="plain")
     row = {"model": plan.model, "plain_tokens_per_sec": plain.tokens_per_sec,
@@ -638,6 +725,7 @@ def overhead(suite: Suite) -> Table:
 
 SECTION_RUNNERS: dict[str, Callable[[Suite], Table]] = {
     "layouts": layouts,
+    "kernels": kernels,
     "correctness": correctness,
     "techniques": techniques,
     "overhead": overhead,
@@ -662,6 +750,7 @@ def header(suite: Suite) -> dict[str, Any]:
         "python": platform.python_version(),
         "liger_available": liger_available(),
         "kernels": plan.kernels_label,
+        "work_kernels": list(plan.work_kernels),
         "sections": args.sections,
         "steps": args.steps,
         "warmup": args.warmup,
@@ -678,7 +767,8 @@ def markdown(head: dict[str, Any], tables: list[Table]) -> str:
     title = f"# GPU benchmark: {head['device']}, {head['date']}"
     settings = (
         f"plan {head['plan']}; torch {head['torch']} (CUDA {head['cuda'] or 'none'}), Python {head['python']};"
-        f" kernels: {head['kernels']}; {head['warmup']} warm-up + {head['steps']} timed steps per throughput run,"
+        f" kernels: {head['kernels']} (techniques and overhead: {' '.join(head['work_kernels'])});"
+        f" {head['warmup']} warm-up + {head['steps']} timed steps per throughput run,"
         f" global batch {head['global_batch']} x {head['seq_len']} tokens; correctness over {head['correctness_steps']}"
         f" steps; budget {head['budget_seconds']:.0f} s, took {head['elapsed_seconds']:.0f} s."
     )

@@ -6,10 +6,12 @@ Order matters and follows torchtitan: checkpointing wraps blocks first, compile 
 compiles each block, and FSDP2 shards each (wrapped, compiled) block and then the root.
 """
 
+import logging
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 
 import torch
+import torch.fx.experimental._config as fx_config
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.nn.parallel import DistributedDataParallel
@@ -17,6 +19,8 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
 
 from common.errors import ConfigError
+
+log = logging.getLogger(__name__)
 
 ACTIVATION_CHECKPOINTING = ("none", "full", "mlp")
 COMPILE = ("none", "blocks", "model")
@@ -100,7 +104,12 @@ def apply_compile(model: nn.Module, mode: str, dynamic: bool) -> None:
 
     ``dynamic``: the sequence length (and, in reshape mode, the row count) changes during
     training, so shapes are compiled as symbolic once instead of recompiling per length.
+    Duck shaping (one symbol for equal sizes) is turned off for it: where the first length
+    equals d_model (2048 for TinyLlama), the length would share d_model's symbol, be
+    specialised by the broadcast with the norm's weight, and recompile at the next length.
     """
+    if dynamic:
+        fx_config.use_duck_shape = False
     modules = model.layers if mode == "blocks" else [model]
     for module in modules:
         module.compile(dynamic=True if dynamic else None)
@@ -141,6 +150,16 @@ def check_kernels_available(config: LayoutConfig) -> None:
         )
 
 
+def liger_modules_compile(config: LayoutConfig, dynamic_seq_len: bool) -> bool:
+    """Whether Liger's module kernels can go into this layout's compiled graph.
+
+    On an H100 with torch 2.11 and liger-kernel 0.8.5, Dynamo fails with an AssertionError
+    (``overwrite_tensor_vt_proxy``) tracing Liger's RMSNorm autograd function when it compiles
+    with dynamic shapes; static shapes and eager runs work (docs/gpu_benchmark.md).
+    """
+    return config.compile == "none" or not dynamic_seq_len
+
+
 def apply_layout(model: nn.Module, config: LayoutConfig, mesh: DeviceMesh | None = None, dynamic_seq_len: bool = False) -> None:
     """Apply the configured layout; ``mesh`` is the data-parallel mesh when sharding.
 
@@ -150,7 +169,13 @@ def apply_layout(model: nn.Module, config: LayoutConfig, mesh: DeviceMesh | None
     """
     from lightning_modules.liger_kernels import apply_liger_kernels
 
-    if config.liger_kernels:
+    if config.liger_kernels and not liger_modules_compile(config, dynamic_seq_len):
+        log.warning(
+            "layout.liger_kernels: Liger's RMSNorm, SwiGLU and RoPE stay off in this run: Dynamo cannot trace"
+            " their autograd functions with dynamic shapes (a technique varies the sequence length), so the"
+            " compiled blocks fuse those ops with Inductor instead; layout.loss=liger is unaffected."
+        )
+    elif config.liger_kernels:
         apply_liger_kernels(model)
     apply_loss_kernel(model, config.loss)
     apply_activation_checkpointing(model, config.activation_checkpointing)

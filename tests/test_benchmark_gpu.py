@@ -58,7 +58,10 @@ def test_quick_mode_writes_a_table_and_json_with_every_row(quick_report):
     data, text = quick_report
     assert text.startswith(f"# GPU benchmark: {data['header']['device']}, {data['header']['date']}")
     techniques = data["sections"]["techniques"]
-    assert [row["technique"] for row in techniques] == ["norm test", "sequence-length warmup", "simulated DiLoCo M=2"]
+    assert [row["technique"] for row in techniques] == [
+        "norm test", "sequence-length warmup", "simulated DiLoCo M=2, no outer step", "simulated DiLoCo M=2, H=1",
+        "simulated DiLoCo M=2 at H=30",
+    ]  # fmt: skip
     for row in techniques:
         assert row["ratio"] == pytest.approx(row["tokens_per_sec"] / row["baseline_tokens_per_sec"])
         assert row["result"] in ("within", "OVER")
@@ -66,8 +69,16 @@ def test_quick_mode_writes_a_table_and_json_with_every_row(quick_report):
     (overhead,) = data["sections"]["overhead"]
     assert overhead["ratio"] == pytest.approx(overhead["framework_tokens_per_sec"] / overhead["plain_tokens_per_sec"])
     assert "| tiny |" in text and "framework / plain" in text
-    # 6 runs, not 7: the three techniques share their constant-batch baseline
-    assert len(data["runs"]) == 6 and all(run["status"] == "ok" for run in data["runs"])
+    # 7 runs, not 8: the four measured rows share their constant-batch baseline
+    assert len(data["runs"]) == 7 and all(run["status"] == "ok" for run in data["runs"])
+
+
+def test_diloco_at_the_experiments_h_spreads_the_measured_outer_step_over_h_steps(quick_report):
+    """Seconds per token at H=30 = turns-only time + (time with an outer step per H=1 step - turns-only) / 30."""
+    data, _ = quick_report
+    turns, outer, at_30 = data["sections"]["techniques"][2:]
+    per_token = 1 / turns["tokens_per_sec"] + (1 / outer["tokens_per_sec"] - 1 / turns["tokens_per_sec"]) / 30
+    assert at_30["tokens_per_sec"] == pytest.approx(1 / per_token)
 
 
 def test_quick_mode_counts_graphs_over_the_length_curriculum(quick_report):
@@ -80,8 +91,10 @@ def test_quick_mode_counts_graphs_over_the_length_curriculum(quick_report):
 def test_runs_that_would_pass_the_budget_are_reported_as_skipped(tmp_path):
     gpu_suite.main(["--quick", "--budget-seconds", "0", "--out", str(tmp_path)])
     data = json.loads((tmp_path / "benchmark_gpu.json").read_text())
-    assert list(data["sections"]) == ["layouts", "correctness", "techniques", "overhead"]
+    assert list(data["sections"]) == ["layouts", "kernels", "correctness", "techniques", "overhead"]
     assert len(data["sections"]["layouts"]) == 2 * 3 * 2 + 2 * 2  # the grid, then two layouts per smaller model
+    kernels = data["sections"]["kernels"]
+    assert [row["status"].split(":")[0] for row in kernels] == ["skipped"] * 3 + ["skipped (time budget)"]
     assert all(run["status"] == "skipped (time budget)" for run in data["runs"])
     (fsdp1,) = [row for row in data["sections"]["correctness"] if "FSDP1" in row["check"]]
     assert fsdp1["result"].startswith("skipped: FSDP1 needs CUDA")

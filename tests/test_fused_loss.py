@@ -10,6 +10,7 @@ import torch.nn.functional as F
 from lightning_modules import liger_kernels
 from lightning_modules.fused_cross_entropy import IGNORE_INDEX, linear_cross_entropy
 from lightning_modules.llama import MLP, Attention, Llama, LlamaConfig, RMSNorm
+from lightning_modules.parallelism import LayoutConfig, apply_layout
 
 
 def make_case(n: int, d: int, v: int, dtype: torch.dtype = torch.float32, seed: int = 0):
@@ -248,3 +249,23 @@ def test_liger_swaps_keep_parameters_and_call_the_kernels_with_their_contract(mo
     torch.testing.assert_close(loss_fn(hidden, weight, labels), linear_cross_entropy(hidden, weight, labels))
     assert calls == [{"ignore_index": IGNORE_INDEX, "reduction": "mean", "accum_dtype": torch.float32}]
     assert liger_kernels.select_linear_cross_entropy(prefer_liger=False) is linear_cross_entropy
+
+
+@pytest.mark.parametrize(("compile_mode", "dynamic", "swapped"), [
+    ("none", True, True), ("blocks", False, True), ("blocks", True, False), ("model", True, False),
+])  # fmt: skip
+def test_liger_module_kernels_stay_out_of_graphs_compiled_with_dynamic_shapes(monkeypatch, compile_mode, dynamic, swapped):
+    """Dynamo cannot trace Liger's RMSNorm with dynamic shapes (seen on an H100, torch 2.11): a
+    layout that compiles with them keeps the plain modules; eager and static compiles swap."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(liger_kernels, "liger_fused_linear_cross_entropy", lambda *args, **kwargs: None)
+    layout = LayoutConfig(activation_checkpointing="none", compile=compile_mode, reshard_after_forward=True,
+                          fsdp_mixed_precision=False, attention_backend="auto", loss="plain", liger_kernels=True,
+                          fused_adamw=False)  # fmt: skip
+    with torch.device("meta"):
+        model = Llama(CONFIG)
+    apply_layout(model, layout, dynamic_seq_len=dynamic)
+    norms = [module for module in model.modules() if isinstance(module, RMSNorm)]
+    assert norms and all(isinstance(norm, liger_kernels.LigerRMSNorm) == swapped for norm in norms)
+    mlps = [module for module in model.modules() if isinstance(module, MLP)]
+    assert mlps and all(isinstance(mlp, liger_kernels.LigerMLP) == swapped for mlp in mlps)

@@ -86,3 +86,18 @@ def test_weight_decay_groups_do_not_depend_on_parameter_shapes():
             param.data = param.data.flatten()
     decayed_flat, _ = decay_groups(trainable(model), model, 0.1)
     assert [id(p) for p in decayed_flat["params"]] == [id(p) for p in decayed["params"]]
+
+
+def test_dynamic_compile_does_not_recompile_when_the_first_length_equals_d_model():
+    """Seen on an H100 with TinyLlama (d_model = seq_len = 2048): with duck shaping the first
+    length shared d_model's symbol, was specialised, and the next length recompiled."""
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    model = Llama(CONFIG)
+    apply_layout(model, default_settings(LayoutConfig, "layout", compile="blocks"), dynamic_seq_len=True)
+    graphs = []
+    for length in (CONFIG.d_model, 8, 16):  # the full length first, as the preallocation pass runs it
+        model(torch.randint(0, 64, (2, length))).float().mean().backward()
+        graphs.append(counters["stats"]["unique_graphs"])
+    assert graphs[1:] == [graphs[0]] * 2
