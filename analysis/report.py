@@ -350,7 +350,8 @@ class StudyReport:
             seeds = ", ".join(map(str, self.spec.tuning_seeds))
             parts.append(f"## Tuning (seeds {seeds}; each arm's winner, judged below on other seeds)\n\n{tuning_table(self.tunings)}")
         title = "Judging runs" if self.tunings else "Groups"
-        parts.append(f"## {title} (mean ± std over seeds)\n\n{group_table(self.judged_groups, extra)}")
+        judged = group_table(self.judged_groups, extra) if self.judged_groups else "No judging run has finished yet."
+        parts.append(f"## {title} (mean ± std over seeds)\n\n{judged}")
         if self.verdicts:
             parts.append(f"## Claims\n\n{verdict_table(self.verdicts)}")
         return "\n\n".join(parts)

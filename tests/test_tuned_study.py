@@ -112,3 +112,48 @@ def test_a_study_crossed_with_sizes_tunes_each_size_and_budgets_tokens_per_param
     assert all(tuning.tuned for tuning in report.tunings.values())
     judged = [run for run in runs if run.phase == "judge"]
     assert sorted((run.setting("model.d_model"), run.seed) for run in judged) == [(32, 2), (32, 3), (48, 2), (48, 3)]
+
+
+def test_a_study_that_gains_an_arm_keeps_its_finished_jobs_where_they_are(study, tmp_path: Path) -> None:
+    """The new arm's judging jobs take the next free folders; no finished job is rerun or moved."""
+    original, cache = study
+    folder = tmp_path / "sweep"
+    shutil.copytree(original, folder)
+    preset = (REPO / "tests" / "configs" / "sweep" / "tiny_tuned.yaml").read_text()
+    (tmp_path / "configs" / "sweep").mkdir(parents=True)  # the preset edited, the command line unchanged
+    # The new arm first: numbered by position, every judging job would move to another folder.
+    (tmp_path / "configs" / "sweep" / "tiny_tuned.yaml").write_text(preset.replace("  arms:\n", "  arms:\n    slow: [optimizer.lr=2e-4]\n"))
+    study_here = [f"hydra.searchpath=[file://{tmp_path / 'configs'}]" if o.startswith("hydra.searchpath=") else o for o in STUDY]
+    result = run_train([*study_here, f"hydra.sweep.dir={folder}"], tmp_path / "unused", cache)
+    assert result.returncode == 0, result.stderr[-3000:]
+    output = result.stdout + result.stderr
+    assert output.count("finished at step") == 2 and all(f"skipped job {job}:" in output for job in range(7))
+    assert [load_run(folder / str(job)).arm for job in (7, 8)] == ["slow", "slow"]
+    assert [val_loss(folder / str(job)) for job in range(7)] == [val_loss(original / str(job)) for job in range(7)]
+
+
+def record(folder: Path, overrides: list[str], finished: bool) -> None:
+    (folder / ".hydra").mkdir(parents=True)
+    (folder / ".hydra" / "overrides.yaml").write_text(yaml.safe_dump(overrides))
+    if finished:
+        (folder / "finished.yaml").write_text(yaml.safe_dump({"overrides": overrides, "metrics": {"val/loss": 1.0}}))
+
+
+def test_job_folders_reuse_the_folder_of_the_same_overrides_and_number_new_jobs_after_all(tmp_path: Path) -> None:
+    from hydra_plugins.study_sweeper.study_sweeper import job_folders
+
+    record(tmp_path / "0", ["a=1"], finished=True)
+    record(tmp_path / "1", ["a=2"], finished=False)  # started, not finished: resumed in place
+    (tmp_path / "3").mkdir()  # a folder no job started in still takes its number
+    assert job_folders(tmp_path, [["a=3"], ["a=2"], ["a=1"], ["a=4"]]) == [4, 1, 0, 5]
+    assert job_folders(tmp_path / "new", [["a=1"], ["a=2"]]) == [0, 1]
+
+
+def test_a_plain_study_whose_jobs_changed_stops_before_any_job_touches_a_folder(tmp_path: Path) -> None:
+    from common.errors import ConfigError
+    from hydra_plugins.study_sweeper.study_sweeper import refuse_other_runs
+
+    record(tmp_path / "0", ["a=1"], finished=True)
+    refuse_other_runs(tmp_path, [["a=1"], ["a=2"]])  # the same job 0: resumes
+    with pytest.raises(ConfigError, match=r"/0 holds a finished run of other overrides \(a=1\), not job 0's \(b=1\)"):
+        refuse_other_runs(tmp_path, [["b=1"], ["a=1"]])

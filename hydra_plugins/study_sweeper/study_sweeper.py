@@ -22,7 +22,10 @@ left, each arm's winner runs on the judging seeds (``++study.phase=judge``). The
 pure function of the results, so the same command replays the finished rounds (their jobs
 are skipped) and continues where it stopped, and a second worker started with it runs the
 same rounds: a job that the other worker holds is waited for at the end of the round (and
-run here if that worker died).
+run here if that worker died). A tuned study's job runs in the folder an earlier run of the
+same overrides used, else in the next unused number (``job_folders``): a study that gains an
+arm keeps every finished job where it is. A plain study's jobs are numbered by position, and
+a folder that holds a finished run of other overrides stops the sweep before any job starts.
 """
 
 import logging
@@ -63,6 +66,48 @@ def _chosen_arms(spec: StudySpec, base: list[str]) -> tuple[list[str], list[str]
         if arm not in spec.arms:
             raise ConfigError(f"study.arm={arm} is not an arm of this study; its arms: {', '.join(spec.arms)}")
     return chosen or list(spec.arms), [o for o in base if _key(o) != "study.arm"]
+
+
+def recorded_overrides(folder: Path) -> list[str] | None:
+    """The overrides a job folder was run with: its ``finished.yaml``'s, else Hydra's record
+    of a started run; None for a folder no job has started in."""
+    if (folder / MARKER).is_file():
+        return list((yaml.safe_load((folder / MARKER).read_text()) or {}).get("overrides", []))
+    hydra_record = folder / ".hydra" / "overrides.yaml"
+    return list(yaml.safe_load(hydra_record.read_text()) or []) if hydra_record.is_file() else None
+
+
+def job_folders(sweep_dir: Path, batch: list[list[str]]) -> list[int]:
+    """Each job's folder number: the folder of an earlier run of the same overrides, else the
+    next number no folder uses yet (in batch order, so two workers planning the same round
+    from the same folders agree)."""
+    numbered = [int(folder.name) for folder in sweep_dir.iterdir() if folder.name.isdigit()] if sweep_dir.is_dir() else []
+    known = {}
+    for number in sorted(numbered):
+        overrides = recorded_overrides(sweep_dir / str(number))
+        if overrides is not None:
+            known.setdefault(tuple(overrides), number)
+    next_free = max(numbered, default=-1) + 1
+    numbers = []
+    for overrides in batch:
+        number = known.get(tuple(overrides))
+        if number is None:
+            number, next_free = next_free, next_free + 1
+        numbers.append(number)
+    return numbers
+
+
+def refuse_other_runs(sweep_dir: Path, jobs: list[list[str]]) -> None:
+    """Stop before any job starts (Hydra would first overwrite a folder's records) if job i's
+    folder holds a finished run of other overrides."""
+    for number, overrides in enumerate(jobs):
+        folder = sweep_dir / str(number)
+        recorded = recorded_overrides(folder) if (folder / MARKER).is_file() else None
+        if recorded is not None and recorded != overrides:
+            raise ConfigError(
+                f"{folder} holds a finished run of other overrides ({' '.join(recorded)}), not job {number}'s"
+                f" ({' '.join(overrides)}): the study's jobs changed; use a new hydra.sweep.dir."
+            )
 
 
 def study_jobs(spec: StudySpec, base_jobs: list[list[str]]) -> list[list[str]]:
@@ -153,6 +198,7 @@ class StudySweeper(BasicSweeper):
         base = [job for batch in BasicSweeper.split_arguments(overrides, None) for job in batch]
         self._check_arms(spec)
         jobs = study_jobs(spec, base)
+        refuse_other_runs(Path(self.config.hydra.sweep.dir), jobs)
         size = max_batch_size or len(jobs)
         return [jobs[i : i + size] for i in range(0, len(jobs), size)]
 
@@ -170,16 +216,15 @@ class StudySweeper(BasicSweeper):
         sweep_dir = Path(self.config.hydra.sweep.dir)
         sweep_dir.mkdir(parents=True, exist_ok=True)
         OmegaConf.save(self.config, sweep_dir / "multirun.yaml")
-        returns, index = [], 0
+        returns = []
         while jobs := study.next_round():
             batch = [study.overrides(job) for job in jobs]
             self.validate_batch_is_legal(batch)
-            log.info("tuned study: %d %s jobs from job %d", len(batch), jobs[0].phase, index)
-            results = list(self.launcher.launch(batch, initial_job_idx=index))
-            for position, (job, result) in enumerate(zip(jobs, results)):
-                metrics = self._metrics(result, batch[position], index + position)
-                study.record(job, metrics)
-            index += len(batch)
+            numbers = job_folders(sweep_dir, batch)
+            log.info("tuned study: %d %s jobs (folders %s)", len(batch), jobs[0].phase, ", ".join(map(str, numbers)))
+            results = [self.launcher.launch([overrides], initial_job_idx=number)[0] for overrides, number in zip(batch, numbers)]
+            for job, overrides, number, result in zip(jobs, batch, numbers, results):
+                study.record(job, self._metrics(result, overrides, number))
             returns.append(results)
         return returns
 
