@@ -173,9 +173,18 @@ def load_run(path: str | Path) -> Run:
     return Run(
         path=path,
         config=_read_yaml(path / "csv" / "hparams.yaml", {}) or {},
-        overrides=list(_read_yaml(path / ".hydra" / "overrides.yaml", []) or []),
+        overrides=_overrides(path),
         rows=_read_rows(metrics),
     )
+
+
+def _overrides(path: Path) -> list[str]:
+    """The overrides the run finished with (``finished.yaml``, which only a run of the same
+    overrides rewrites), else Hydra's record of the run's start."""
+    finished = _read_yaml(path / FINISHED, {}) or {}
+    if "overrides" in finished:
+        return list(finished["overrides"])
+    return list(_read_yaml(path / ".hydra" / "overrides.yaml", []) or [])
 
 
 def _natural_key(path: Path) -> list[tuple[int, int | str]]:

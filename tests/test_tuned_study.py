@@ -157,3 +157,11 @@ def test_a_plain_study_whose_jobs_changed_stops_before_any_job_touches_a_folder(
     refuse_other_runs(tmp_path, [["a=1"], ["a=2"]])  # the same job 0: resumes
     with pytest.raises(ConfigError, match=r"/0 holds a finished run of other overrides \(a=1\), not job 0's \(b=1\)"):
         refuse_other_runs(tmp_path, [["b=1"], ["a=1"]])
+
+
+def test_a_run_reads_the_overrides_it_finished_with_even_after_a_refused_job_rewrote_hydras_record(tmp_path: Path) -> None:
+    record(tmp_path, ["a=1"], finished=True)
+    (tmp_path / ".hydra" / "overrides.yaml").write_text(yaml.safe_dump(["b=1"]))  # a plain sweep's refused job
+    (tmp_path / "csv").mkdir()
+    (tmp_path / "csv" / "metrics.csv").write_text("step,train/tokens_seen,val/loss\n1,100,2.0\n")
+    assert load_run(tmp_path).overrides == ["a=1"]
