@@ -147,6 +147,8 @@ def test_job_folders_reuse_the_folder_of_the_same_overrides_and_number_new_jobs_
     (tmp_path / "3").mkdir()  # a folder no job started in still takes its number
     assert job_folders(tmp_path, [["a=3"], ["a=2"], ["a=1"], ["a=4"]]) == [4, 1, 0, 5]
     assert job_folders(tmp_path / "new", [["a=1"], ["a=2"]]) == [0, 1]
+    # Planned, none started yet; a worker whose preset gained a job in front still agrees.
+    assert job_folders(tmp_path / "new", [["n=1"], ["a=1"], ["a=2"]]) == [2, 0, 1]
 
 
 def test_a_plain_study_whose_jobs_changed_stops_before_any_job_touches_a_folder(tmp_path: Path) -> None:

@@ -22,12 +22,13 @@ left, each arm's winner runs on the judging seeds (``++study.phase=judge``). The
 pure function of the results, so the same command replays the finished rounds (their jobs
 are skipped) and continues where it stopped, and a second worker started with it runs the
 same rounds: a job that the other worker holds is waited for at the end of the round (and
-run here if that worker died). A tuned study's job runs in the folder an earlier run of the
-same overrides used, else in the next unused number (``job_folders``): a study that gains an
-arm keeps every finished job where it is. A plain study's jobs are numbered by position, and
+run here if that worker died). A tuned study's job runs in the folder given to its overrides
+before, else in the next unused number (``job_folders``, kept in ``job_folders.yaml``): a
+study that gains an arm keeps every job where it is, started or only planned. A plain study's jobs are numbered by position, and
 a folder that holds a finished run of other overrides stops the sweep before any job starts.
 """
 
+import fcntl
 import logging
 import time
 from collections import defaultdict
@@ -77,23 +78,36 @@ def recorded_overrides(folder: Path) -> list[str] | None:
     return list(yaml.safe_load(hydra_record.read_text()) or []) if hydra_record.is_file() else None
 
 
+REGISTRY = "job_folders.yaml"
+
+
 def job_folders(sweep_dir: Path, batch: list[list[str]]) -> list[int]:
-    """Each job's folder number: the folder of an earlier run of the same overrides, else the
-    next number no folder uses yet (in batch order, so two workers planning the same round
-    from the same folders agree)."""
-    numbered = [int(folder.name) for folder in sweep_dir.iterdir() if folder.name.isdigit()] if sweep_dir.is_dir() else []
-    known = {}
-    for number in sorted(numbered):
-        overrides = recorded_overrides(sweep_dir / str(number))
-        if overrides is not None:
-            known.setdefault(tuple(overrides), number)
-    next_free = max(numbered, default=-1) + 1
-    numbers = []
-    for overrides in batch:
-        number = known.get(tuple(overrides))
-        if number is None:
-            number, next_free = next_free, next_free + 1
-        numbers.append(number)
+    """Each job's folder number: the one given to the same overrides before, else the next
+    number no folder or earlier job has.
+
+    The numbers given are kept in ``job_folders.yaml`` in the sweep folder, read and
+    extended under a file lock, so workers planning at different moments (or with a preset
+    that gained an arm since) agree on jobs no worker has started yet. Folders of runs
+    started before the registry existed are found by their recorded overrides.
+    """
+    sweep_dir.mkdir(parents=True, exist_ok=True)
+    with open(sweep_dir / f"{REGISTRY}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        registry = sweep_dir / REGISTRY
+        given = {tuple(entry["overrides"]): int(entry["folder"]) for entry in (yaml.safe_load(registry.read_text()) or [])} if registry.is_file() else {}
+        numbered = [int(folder.name) for folder in sweep_dir.iterdir() if folder.name.isdigit()]
+        for number in sorted(numbered):
+            overrides = recorded_overrides(sweep_dir / str(number))
+            if overrides is not None:
+                given.setdefault(tuple(overrides), number)
+        next_free = max([*numbered, *given.values()], default=-1) + 1
+        numbers = []
+        for overrides in batch:
+            if tuple(overrides) not in given:
+                given[tuple(overrides)], next_free = next_free, next_free + 1
+            numbers.append(given[tuple(overrides)])
+        entries = [{"folder": number, "overrides": list(overrides)} for overrides, number in sorted(given.items(), key=lambda item: item[1])]
+        registry.write_text(yaml.safe_dump(entries, sort_keys=False))
     return numbers
 
 
