@@ -173,18 +173,20 @@ def load_run(path: str | Path) -> Run:
     return Run(
         path=path,
         config=_read_yaml(path / "csv" / "hparams.yaml", {}) or {},
-        overrides=_overrides(path),
+        overrides=recorded_overrides(path) or [],
         rows=_read_rows(metrics),
     )
 
 
-def _overrides(path: Path) -> list[str]:
-    """The overrides the run finished with (``finished.yaml``, which only a run of the same
-    overrides rewrites), else Hydra's record of the run's start."""
+def recorded_overrides(path: Path) -> list[str] | None:
+    """The overrides a run folder was run with: its ``finished.yaml``'s (which only a run of
+    the same overrides rewrites), else Hydra's record of the run's start; None for a folder
+    no run has started in."""
     finished = _read_yaml(path / FINISHED, {}) or {}
     if "overrides" in finished:
         return list(finished["overrides"])
-    return list(_read_yaml(path / ".hydra" / "overrides.yaml", []) or [])
+    started = path / ".hydra" / "overrides.yaml"
+    return list(_read_yaml(started, []) or []) if started.exists() else None
 
 
 def _natural_key(path: Path) -> list[tuple[int, int | str]]:

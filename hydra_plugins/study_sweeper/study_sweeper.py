@@ -43,6 +43,7 @@ from hydra.core.override_parser.types import Override
 from hydra.core.utils import JobReturn
 from omegaconf import OmegaConf
 
+from analysis.runs import recorded_overrides
 from analysis.search_space import Point
 from analysis.study import StudySpec
 from analysis.tuner import Tuning, proposals
@@ -67,15 +68,6 @@ def _chosen_arms(spec: StudySpec, base: list[str]) -> tuple[list[str], list[str]
         if arm not in spec.arms:
             raise ConfigError(f"study.arm={arm} is not an arm of this study; its arms: {', '.join(spec.arms)}")
     return chosen or list(spec.arms), [o for o in base if _key(o) != "study.arm"]
-
-
-def recorded_overrides(folder: Path) -> list[str] | None:
-    """The overrides a job folder was run with: its ``finished.yaml``'s, else Hydra's record
-    of a started run; None for a folder no job has started in."""
-    if (folder / MARKER).is_file():
-        return list((yaml.safe_load((folder / MARKER).read_text()) or {}).get("overrides", []))
-    hydra_record = folder / ".hydra" / "overrides.yaml"
-    return list(yaml.safe_load(hydra_record.read_text()) or []) if hydra_record.is_file() else None
 
 
 REGISTRY = "job_folders.yaml"
