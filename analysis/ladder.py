@@ -1,7 +1,7 @@
 """A scaling ladder read back from its runs: per-method loss fits over model size, a held-out
 prediction with its interval, the joint L(N, M) and the best inner LR against N.
 
-The ladder is a study crossed with model sizes (``conf/sweep/cpu_ladder.yaml``): each arm is
+The ladder is a study crossed with model sizes (``conf/sweep/scaling_ladder.yaml``): each arm is
 a method (data parallelism, DiLoCo M = 1, M = 2), each ``model=...`` a size. A *rung* is one
 method at one size: its judging runs' final losses by seed, its size N (parameters of its
 model config) and the inner LR its search picked.
@@ -15,20 +15,28 @@ it gives taken (400 resamples, a fixed generator seed, so the interval is reprod
 
 **The prediction** is made from the smaller sizes alone and written to a file before the
 largest size's runs are read: ``scripts/ladder.py predict`` refuses a size that is also in
-the fit, and never loads a run of the size it predicts.
+the fit, and never loads a run of the size it predicts. A ladder that holds its largest size
+out of the search (``study.held_out``) writes it from the study sweeper itself, once every
+other size is judged and before the held-out size trains; that size's searched settings are
+``held_out_settings``: each fitted as a N^b over the other sizes' winners.
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
+import yaml
 
-from analysis.runs import Run
+from analysis.runs import METRICS, Run, load_run
 from analysis.scaling_laws import PowerLaw, fit_power_law, fit_power_law_offset, parameter_count
-from common.errors import ConfigError
+from analysis.search_space import Point, Range, SearchSpace, format_value
+from common.errors import ConfigError, UserError
 
 #: Fewest sizes a fit over N takes (the offset form has three coefficients).
 MIN_SIZES = 3
 BOOTSTRAP = 400
+#: A held-out size's runs' ``study.phase``; the file its prediction is written to.
+HELD_OUT, PREDICTION = "held_out", "ladder_prediction.yaml"
 
 
 @dataclass(frozen=True)
@@ -41,6 +49,8 @@ class Rung:
     replicas: int | None  # None: data parallel
     losses: dict[int, float]
     lr: float | None
+    #: False for a held-out size, whose LR was extrapolated, not picked by a search.
+    searched: bool = True
 
     @property
     def loss(self) -> float:
@@ -59,7 +69,7 @@ def rungs(runs: list[Run], metric: str = "val/loss") -> list[Rung]:
         first = members[0]
         losses = {run.seed: run.final(metric) for run in members}
         found.append(Rung(method, model, parameter_count(first.setting("model")), first.setting("technique.diloco.replicas"),
-                          losses, first.setting("optimizer.lr")))  # fmt: skip
+                          losses, first.setting("optimizer.lr"), first.phase != HELD_OUT))  # fmt: skip
     return sorted(found, key=lambda r: (r.method, r.n_params))
 
 
@@ -124,10 +134,13 @@ class Prediction:
     high: float
     form: str
     fitted_on: list[str]
+    #: The settings the held-out size runs with where the study extrapolated them.
+    settings: list[str] = field(default_factory=list)
 
     def as_dict(self) -> dict:
         return {"method": self.method, "model": self.model, "n_params": self.n_params, "predicted": self.predicted,
-                "low": self.low, "high": self.high, "form": self.form, "fitted_on": self.fitted_on}  # fmt: skip
+                "low": self.low, "high": self.high, "form": self.form, "fitted_on": self.fitted_on,
+                "settings": self.settings}  # fmt: skip
 
 
 def predict(found: list[Rung], fit_sizes: list[str], model: str, n_params: int) -> list[Prediction]:
@@ -144,6 +157,52 @@ def predict(found: list[Rung], fit_sizes: list[str], model: str, n_params: int) 
     return predictions
 
 
+def run_models(dirs: list[Path]) -> dict[Path, dict]:
+    """Each run folder's model config, read from its config alone (no results)."""
+    models = {}
+    for folder in dirs:
+        for metrics in folder.rglob(str(METRICS)):
+            config = yaml.safe_load((metrics.parent / "hparams.yaml").read_text()) or {}
+            models[metrics.parent.parent] = config.get("model") or {}
+    if not models:
+        raise UserError(f"no runs under {', '.join(map(str, dirs))} (train with logger=csv).")
+    return models
+
+
+def write_prediction(dirs: list[Path], target: str, n_params: int, fit_sizes: list[str] | None = None,
+                     settings: dict[str, list[str]] | None = None) -> list[Prediction]:  # fmt: skip
+    """Predict every method's loss at ``target`` from the runs of ``fit_sizes`` (default: every
+    other size the folders hold) and write it to ``dirs[0]/ladder_prediction.yaml``. Only the
+    fitted sizes' runs are loaded: the target's results are never opened."""
+    models = run_models(dirs)
+    fit_sizes = fit_sizes or sorted({str(m.get("name")) for m in models.values()} - {target})
+    found = rungs([load_run(folder) for folder, model in models.items() if model.get("name") in fit_sizes and model.get("name") != target])
+    predictions = predict(found, fit_sizes, target, n_params)  # refuses a fitted target, or too few sizes
+    for index, p in enumerate(predictions):
+        predictions[index] = Prediction(**{**p.as_dict(), "settings": (settings or {}).get(p.method, [])})
+    (dirs[0] / PREDICTION).write_text(yaml.safe_dump([p.as_dict() for p in predictions], sort_keys=False))
+    return predictions
+
+
+def held_out_settings(space: SearchSpace, winners: list[tuple[int, Point]], n_params: int) -> list[str]:
+    """A held-out size's searched settings: each range's winning values over the searched
+    sizes (their parameter counts and points) fitted as a N^b and evaluated at ``n_params``,
+    to 3 significant digits, within the range's hard limits."""
+    sizes = np.array([n for n, _ in winners], dtype=float)
+    if len(set(sizes)) < MIN_SIZES:
+        raise ConfigError(f"study.held_out: {len(set(sizes))} searched size(s); extrapolating a setting needs at least {MIN_SIZES}.")
+    settings = []
+    for axis, dimension in enumerate(space.dimensions):
+        assert isinstance(dimension, Range)  # StudySpec refuses a held-out size with a list searched
+        values = np.array([dimension.value(point[axis]) for _, point in winners], dtype=float)
+        value = float(fit_power_law({"N": sizes}, values).predict(np.array([float(n_params)]))[0])
+        low, high = (-np.inf if dimension.min is None else dimension.min), (np.inf if dimension.max is None else dimension.max)
+        value = min(max(value, low), high)
+        value = int(round(value)) if dimension.integer else float(f"{value:.3g}")
+        settings.append(f"{dimension.key}={format_value(value)}")
+    return settings
+
+
 def joint_fit(found: list[Rung]) -> PowerLaw | None:
     """L = A N^alpha M^beta over the DiLoCo rungs (two or more sizes and replica counts)."""
     diloco = [r for r in found if r.replicas is not None]
@@ -155,7 +214,7 @@ def joint_fit(found: list[Rung]) -> PowerLaw | None:
 
 def lr_fit(members: list[Rung]) -> PowerLaw | None:
     """The inner LR each size's search picked, as a N^b (two or more sizes)."""
-    tuned = [r for r in members if r.lr]
+    tuned = [r for r in members if r.lr and r.searched]
     if len({r.n_params for r in tuned}) < 2:
         return None
     return fit_power_law({"N": np.array([r.n_params for r in tuned], float)}, np.array([r.lr for r in tuned]))

@@ -37,6 +37,13 @@ setting is bracketed in every dimension (``analysis/tuner.py``), then runs each 
 winner on ``seeds``, the judging seeds, which must not repeat a tuning seed. Claims are
 judged on the judging runs only, so the seeds that picked a winner never judge it.
 
+A tuned study crossed with model sizes (a ladder) may hold one size out of the search
+(``held_out: ladder_2_1m``, a value of the swept ``model``): its searched settings are not
+searched but follow a power law in the parameter count, fitted to the other sizes' winners
+(Charles et al. 2025's way to set a large model's hyperparameters from small runs), and it
+runs on the judging seeds after every other size has been judged
+(``++study.phase=held_out``), so a prediction of its loss can be written first.
+
 The study sweeper (``hydra_plugins/study_sweeper``) turns arms x seeds into jobs; the
 report groups finished runs by arm (or, in any other sweep, by their overrides less the
 seed) and judges each claim here.
@@ -66,7 +73,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from analysis.runs import parse_reduction
-from analysis.search_space import Dimension, SearchSpace, parse_search
+from analysis.search_space import Dimension, Range, SearchSpace, parse_search
 from common.errors import ConfigError
 
 #: Two-sided 95% quantiles of Student's t by degrees of freedom (beyond 30: the normal's).
@@ -136,6 +143,8 @@ class StudySpec:
     spaces: dict[str, SearchSpace] = field(default_factory=dict)
     #: A tuned study's token budget rule: this many tokens per model parameter (a ladder's).
     tokens_per_parameter: float | None = None
+    #: A ladder's size (``model`` preset) whose searched settings are extrapolated, not searched.
+    held_out: str | None = None
 
     @property
     def tuned(self) -> bool:
@@ -175,8 +184,24 @@ class StudySpec:
         per_parameter = node.get("tokens_per_parameter")
         if per_parameter is not None and (isinstance(per_parameter, bool) or not isinstance(per_parameter, int | float) or per_parameter <= 0):
             raise ConfigError(f"study.tokens_per_parameter={per_parameter!r} must be a number > 0 (or null: the config's token_budget).")
+        held_out = _held_out(node.get("held_out"), spaces)
         return cls(arms=overrides, seeds=seeds, claims=claims, columns=columns, tuning_seeds=tuning_seeds, spaces=spaces,
-                   tokens_per_parameter=per_parameter)  # fmt: skip
+                   tokens_per_parameter=per_parameter, held_out=held_out)  # fmt: skip
+
+
+def _held_out(name: Any, spaces: dict[str, SearchSpace]) -> str | None:
+    """The held-out size: a model preset's name, in a study whose every searched dimension is a
+    numeric range (a list of choices has no power law to follow)."""
+    if name is None:
+        return None
+    if not isinstance(name, str) or not name:
+        raise ConfigError(f"study.held_out={name!r} must name one of the ladder's model presets, e.g. ladder_2_1m.")
+    if not spaces:
+        raise ConfigError("study.held_out needs a search (study.search): the held-out size's settings are fitted to the others' winners.")
+    listed = sorted({d.key for space in spaces.values() for d in space.dimensions if not isinstance(d, Range)})
+    if listed:
+        raise ConfigError(f"study.held_out: {', '.join(listed)} is searched over a list, which has no power law in N to extrapolate; search a range or drop held_out.")
+    return name
 
 
 def _seeds(seeds: Any, key: str) -> list[int]:

@@ -1,16 +1,19 @@
 """A scaling ladder's fits and its held-out prediction, from the framework's own runs.
 
-    python scripts/ladder.py predict outputs/studies/cpu_ladder                # before the largest size is read
-    python scripts/ladder.py report outputs/studies/cpu_ladder --out docs/     # fits, prediction against measured, trends
+    python scripts/ladder.py predict outputs/studies/scaling_ladder            # before the largest size is read
+    python scripts/ladder.py report outputs/studies/scaling_ladder --out docs/ # fits, prediction against measured, trends
 
-``predict`` fits each method's L(N) on every size but the one it predicts (by default the
+A study with ``study.held_out`` (``conf/sweep/scaling_ladder.yaml``) writes its prediction
+itself, before the held-out size trains; ``predict`` is for ladders without one (or another
+choice of sizes). ``predict`` fits each method's L(N) on every size but the one it predicts (by default the
 largest the folder's runs name; ``--predict NAME`` names a model preset, ``--sizes`` the
 sizes to fit on) and writes the predictions, with their bootstrap intervals, to
-``DIR/ladder_prediction.yaml``. It reads the configs of all runs but the results of the
+``DIR/ladder_prediction.yaml`` (never over one already there). It reads the configs of all runs but the results of the
 fitted sizes only: what the predicted size's runs logged is never opened.
 
 ``report`` reads every run and the recorded prediction, and prints the prediction table
-(method, size, predicted with its interval, measured over seeds, relative error), the fits
+(method, size, the settings a held-out size ran with, predicted with its interval, measured
+over seeds, relative error), the fits
 on all sizes (L(N) per method, the joint L(N, M) over DiLoCo, the inner LR each size's search
 picked against N) and the study's claims, trend claims included; it writes
 ``ladder_loss.png`` (loss against N with the fits and the held-out prediction) and
@@ -29,15 +32,14 @@ import yaml
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from analysis.ladder import Prediction, by_method, fit_loss, joint_fit, lr_fit, predict, rungs  # noqa: E402
+from analysis.ladder import PREDICTION, Prediction, by_method, fit_loss, joint_fit, lr_fit, rungs, run_models, write_prediction  # noqa: E402
 from analysis.report import build_report, verdict_table  # noqa: E402
-from analysis.runs import METRICS, find_runs, load_run  # noqa: E402
+from analysis.runs import find_runs  # noqa: E402
 from analysis.scaling_laws import parameter_count  # noqa: E402
 from common.errors import ConfigError, UserError  # noqa: E402
 from launch.cli import exit_code  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
-PREDICTION = "ladder_prediction.yaml"
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -53,18 +55,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def run_models(dirs: list[Path]) -> dict[Path, dict]:
-    """Each run folder's model config, read from its config alone (no results)."""
-    models = {}
-    for folder in dirs:
-        for metrics in folder.rglob(str(METRICS)):
-            config = yaml.safe_load((metrics.parent / "hparams.yaml").read_text()) or {}
-            models[metrics.parent.parent] = config.get("model") or {}
-    if not models:
-        raise UserError(f"no runs under {', '.join(map(str, dirs))} (train with logger=csv).")
-    return models
-
-
 def preset(name: str) -> dict:
     path = REPO / "conf" / "model" / f"{name}.yaml"
     if not path.is_file():
@@ -73,32 +63,29 @@ def preset(name: str) -> dict:
 
 
 def do_predict(args: argparse.Namespace) -> None:
-    models = run_models(args.dirs)
-    sizes = {str(m.get("name")): m for m in models.values()}
+    sizes = {str(m.get("name")): m for m in run_models(args.dirs).values()}
     target = args.predict or max(sizes, key=lambda name: parameter_count(sizes[name]))
     n_params = parameter_count(sizes.get(target) or preset(target))
-    fit_sizes = args.sizes or sorted(set(sizes) - {target})
-    found = rungs([load_run(folder) for folder, model in models.items() if model.get("name") in fit_sizes and model.get("name") != target])
-    predictions = predict(found, fit_sizes, target, n_params)  # refuses a fitted target, or too few sizes
-    out = args.dirs[0] / PREDICTION
-    out.write_text(yaml.safe_dump([p.as_dict() for p in predictions], sort_keys=False))
+    if (args.dirs[0] / PREDICTION).exists():
+        raise ConfigError(f"{args.dirs[0] / PREDICTION} exists: a prediction is recorded once, before its size is read; move it away to predict again.")
+    predictions = write_prediction(args.dirs, target, n_params, args.sizes)
     for p in predictions:
         print(f"{p.method} at {target} (N = {n_params:,}): {p.predicted:.4f} [{p.low:.4f}, {p.high:.4f}]"
               f" from {p.form} on {', '.join(p.fitted_on)}")  # fmt: skip
-    print(f"wrote {out}", file=sys.stderr)
+    print(f"wrote {args.dirs[0] / PREDICTION}", file=sys.stderr)
 
 
 def prediction_table(predictions: list[Prediction], measured: dict[tuple[str, str], list[float]]) -> str:
-    lines = ["| method | size | N | predicted (95% interval) | measured (mean ± std over seeds) | relative error |",
-             "|---|---|---|---|---|---|"]  # fmt: skip
+    lines = ["| method | size | N | runs with | predicted (95% interval) | measured (mean ± std over seeds) | relative error |",
+             "|---|---|---|---|---|---|---|"]  # fmt: skip
     for p in predictions:
         values = measured.get((p.method, p.model))
+        row = f"| {p.method} | {p.model} | {p.n_params:,} | {' '.join(p.settings) or 'its own search'} | {p.predicted:.4f} [{p.low:.4f}, {p.high:.4f}]"
         if not values:
-            lines.append(f"| {p.method} | {p.model} | {p.n_params:,} | {p.predicted:.4f} [{p.low:.4f}, {p.high:.4f}] | not run | - |")
+            lines.append(f"{row} | not run | - |")
             continue
         mean, std = float(np.mean(values)), float(np.std(values, ddof=1)) if len(values) > 1 else 0.0
-        lines.append(f"| {p.method} | {p.model} | {p.n_params:,} | {p.predicted:.4f} [{p.low:.4f}, {p.high:.4f}]"
-                     f" | {mean:.4f} ± {std:.4f} | {(p.predicted - mean) / mean:+.2%} |")  # fmt: skip
+        lines.append(f"{row} | {mean:.4f} ± {std:.4f} | {(p.predicted - mean) / mean:+.2%} |")
     return "\n".join(lines)
 
 

@@ -13,12 +13,14 @@ import yaml
 from omegaconf import OmegaConf
 from scipy import stats
 
-from analysis.ladder import Rung, fit_loss, predict
+from analysis.ladder import Rung, fit_loss, held_out_settings, predict
+from analysis.runs import find_runs
+from analysis.search_space import Range, SearchSpace
 from analysis.study import StudySpec
 from analysis.trend import TrendPoint, judge_trend, slope
 from common.errors import ConfigError
 from lightning_modules.llama import LlamaConfig, count_parameters
-from tests.run_helpers import REPO, compose_config
+from tests.run_helpers import REPO, TINY, compose_config, run_train
 
 SIZES = ["ladder_0_1m", "ladder_0_3m", "ladder_0_65m", "ladder_1_2m", "ladder_2_1m"]
 
@@ -127,13 +129,17 @@ def test_the_prediction_command_never_reads_the_predicted_size(tmp_path: Path) -
         for path in sorted(folder.rglob("*"), reverse=True):
             path.unlink() if path.is_file() else path.rmdir()
         folder.rmdir()
+    kept = ladder(["predict", str(sweep), "--predict", "ladder_2_1m"])  # a recorded prediction is never replaced
+    assert kept.returncode == 2 and "ladder_prediction.yaml exists" in kept.stderr
+    (sweep / "ladder_prediction.yaml").unlink()
     result = ladder(["predict", str(sweep), "--predict", "ladder_2_1m"])
     assert result.returncode == 0, result.stderr
     assert (sweep / "ladder_prediction.yaml").read_text() == first
     report = ladder(["report", str(sweep), "--out", str(tmp_path / "report")])
     assert report.returncode == 0, report.stderr
-    assert "| dp | ladder_2_1m | 2,084,688 |" in report.stdout and "| not run | - |" in report.stdout
+    assert "| dp | ladder_2_1m | 2,084,688 | its own search |" in report.stdout and "| not run | - |" in report.stdout
     # Bad input: a size in the fit and the prediction, and too few sizes for a fit.
+    (sweep / "ladder_prediction.yaml").unlink()
     refused = ladder(["predict", str(sweep), "--predict", "ladder_1_2m", "--sizes", *SIZES[:4]])
     assert refused.returncode == 2 and refused.stderr.strip().splitlines() == [
         "error: the prediction for ladder_1_2m would be fitted on ladder_1_2m itself: leave it out of --sizes."
@@ -148,3 +154,62 @@ def test_a_size_whose_heads_do_not_divide_its_width_is_one_line(tmp_path: Path) 
     assert result.returncode == 2
     (line,) = result.stderr.strip().splitlines()
     assert line.startswith("error: ") and "n_heads" in line
+
+
+def test_a_held_out_sizes_settings_follow_the_power_law_through_the_others_winners() -> None:
+    """Against numpy's least-squares line through log N and log value: 3 significant
+    digits, and clamped to the range's hard limit."""
+    lr = Range("optimizer.lr", low=1e-3, high=4e-3, step=2.0, min=1e-4, max=3e-2)
+    sync = Range("technique.diloco.sync_every", low=10, high=40, step=2, min=5, max=100)
+    space = SearchSpace((lr, sync))
+    winners = [(104_688, (2, 0)), (295_416, (1, 1)), (652_128, (1, 2)), (1_230_120, (0, 2))]
+    sizes = np.log([n for n, _ in winners])
+    expected = []
+    for axis, dimension in enumerate(space.dimensions):
+        slope_, intercept = np.polyfit(sizes, np.log([dimension.value(p[axis]) for _, p in winners]), 1)
+        expected.append(math.exp(intercept + slope_ * math.log(2_084_688)))
+    settings = held_out_settings(space, winners, 2_084_688)
+    assert settings == [f"optimizer.lr={float(f'{expected[0]:.3g}'):g}", f"technique.diloco.sync_every={round(expected[1])}"]
+    assert expected[0] < 2e-3 and expected[1] > 40  # LR falls with N, the interval grows
+    assert held_out_settings(space, winners, 10**9)[1] == "technique.diloco.sync_every=100"  # the hard limit
+    with pytest.raises(ConfigError, match="2 searched size"):
+        held_out_settings(space, winners[:2], 2_084_688)
+
+
+HELD_OUT = ["hydra.mode=MULTIRUN", f"hydra.searchpath=[file://{REPO / 'tests' / 'configs'}]", "+sweep=tiny_tuned", "study.arm=tuned",
+            *(o for o in TINY if not o.startswith(("model.", "optimizer.lr=", "token_budget="))), "token_budget=1536",
+            "callbacks.model_checkpoint.every_n_train_steps=2"]  # fmt: skip
+
+
+def test_a_held_out_size_is_not_searched_and_its_prediction_is_written_before_it_trains(tmp_path: Path) -> None:
+    folder, sizes = tmp_path / "sweep", "model=ladder_0_1m,ladder_0_3m,ladder_0_65m,ladder_1_2m"
+    command = [*HELD_OUT, sizes, "+study.held_out=ladder_1_2m", f"hydra.sweep.dir={folder}"]
+    result = run_train(command, tmp_path / "unused", tmp_path / "cache")
+    assert result.returncode == 0, result.stderr[-3000:]
+    runs = find_runs([folder])
+    held = [run for run in runs if run.setting("model.name") == "ladder_1_2m"]
+    assert sorted((run.phase, run.seed) for run in held) == [("held_out", 2), ("held_out", 3)]  # never searched
+    # The others' winners all sit at the search's hard limit (1.6e-2): so must the fitted LR.
+    winners = {run.setting("optimizer.lr") for run in runs if run.phase == "judge"}
+    assert winners == {1.6e-2} and {run.setting("optimizer.lr") for run in held} == {1.6e-2}
+    (prediction,) = yaml.safe_load((folder / "ladder_prediction.yaml").read_text())
+    assert prediction["fitted_on"] == ["ladder_0_1m", "ladder_0_3m", "ladder_0_65m"] and prediction["settings"] == ["optimizer.lr=0.016"]
+    log = result.stdout + result.stderr
+    assert log.index("held-out tuned at ladder_1_2m: predicted") < log.index("2 held_out jobs")
+    again = run_train(command, tmp_path / "unused", tmp_path / "cache")  # resumes: nothing left, the prediction kept
+    assert again.returncode == 0 and "finished at step" not in again.stdout + again.stderr
+    assert yaml.safe_load((folder / "ladder_prediction.yaml").read_text()) == [prediction]
+
+
+@pytest.mark.parametrize(
+    ("sizes", "held_out", "message"),
+    [("model=ladder_0_1m,ladder_0_3m,ladder_0_65m", "ladder_2_1m",
+      "error: study.held_out=ladder_2_1m is not one of the sizes this study runs (model=ladder_0_1m,ladder_0_3m,ladder_0_65m); name one of them."),
+     ("model=ladder_0_1m,ladder_0_3m,ladder_0_65m", "ladder_0_65m",
+      "error: study.held_out: the ladder has 2 other size(s); fitting over N needs at least 3: add sizes to model=..., or drop study.held_out.")],
+)  # fmt: skip
+def test_a_held_out_size_the_ladder_cannot_fit_is_one_line_before_any_job(sizes: str, held_out: str, message: str, tmp_path: Path) -> None:
+    folder = tmp_path / "sweep"
+    result = run_train([*HELD_OUT, sizes, f"+study.held_out={held_out}", f"hydra.sweep.dir={folder}"], tmp_path / "unused", tmp_path / "cache")
+    assert result.returncode == 2 and result.stderr.strip().splitlines() == [message]
+    assert not folder.exists()

@@ -18,7 +18,11 @@ A tuned study (one with a search, ``analysis/tuner.py``) runs in rounds: each ro
 arm's next points on the tuning seeds (``++study.phase=tune``), launched as one batch (arms
 crossed with swept values, such as a ladder's model sizes, are searched each on its own); the
 next round is planned from the finished jobs' ``finished.yaml``. When no arm has a point
-left, each arm's winner runs on the judging seeds (``++study.phase=judge``). The plan is a
+left, each arm's winner runs on the judging seeds (``++study.phase=judge``). A ladder's
+held-out size (``study.held_out``) is not searched: once every other size is judged, its
+settings are fitted to their winners as a N^b, its loss prediction is written to
+``ladder_prediction.yaml`` (``analysis/ladder.py``), and only then does it train, on the
+judging seeds (``++study.phase=held_out``). The plan is a
 pure function of the results, so the same command replays the finished rounds (their jobs
 are skipped) and continues where it stopped, and a second worker started with it runs the
 same rounds: a job that the other worker holds is waited for at the end of the round (and
@@ -137,24 +141,27 @@ class TunedJob:
 
     base: int
     arm: str
-    point: Point
+    point: Point | None  # None: a held-out size, at ``settings``
     seed: int
-    phase: str  # tune | judge
+    phase: str  # tune | judge | held_out
+    settings: tuple[str, ...] = ()
 
 
 class TunedStudy:
     """The rounds of a tuned study: what to run next given the finished jobs' losses. Each
     (base job, arm) is searched on its own: a ladder's sizes each get their own tuning."""
 
-    def __init__(self, spec: StudySpec, bases: list[tuple[list[str], list[str]]]) -> None:
+    def __init__(self, spec: StudySpec, bases: list[tuple[list[str], list[str]]], held_out: int | None = None,
+                 sizes: list[int] | None = None) -> None:  # fmt: skip
         self.spec, self.bases = spec, bases  # per base job: its overrides and the arms it runs
+        self.held_out, self.sizes = held_out, sizes  # the held-out base job; every base's parameter count
         self.losses: dict[tuple[int, str, Point], dict[int, float]] = defaultdict(dict)
-        self.judged = False
+        self.stage = "tune"  # tune -> judge -> held_out -> done
         self.select = spec.claims[0].select if spec.claims else "val/loss"
 
     @property
     def searches(self) -> list[tuple[int, str]]:
-        return [(base, arm) for base, (_, arms) in enumerate(self.bases) for arm in arms]
+        return [(base, arm) for base, (_, arms) in enumerate(self.bases) if base != self.held_out for arm in arms]
 
     def tuning(self, base: int, arm: str) -> Tuning:
         """The search so far: each point whose every tuning seed finished, at its mean."""
@@ -167,21 +174,36 @@ class TunedStudy:
 
     def next_round(self) -> list[TunedJob]:
         """Every search's missing points on every tuning seed; once none is left, the winners
-        on the judging seeds (and then nothing)."""
+        on the judging seeds; then the held-out size, if any (and then nothing)."""
         jobs = [TunedJob(base, arm, point, seed, "tune") for base, arm in self.searches
                 for point in proposals(self.spec.spaces[arm], self.tuning(base, arm).results)
                 for seed in self.spec.tuning_seeds]  # fmt: skip
-        if jobs or self.judged:
+        if jobs or self.stage == "done":
             return jobs
-        self.judged = True
-        return [TunedJob(base, arm, self.tuning(base, arm).winner, seed, "judge")
-                for base, arm in self.searches for seed in self.spec.seeds]  # fmt: skip
+        if self.stage == "tune":
+            self.stage = "judge"
+            return [TunedJob(base, arm, self.tuning(base, arm).winner, seed, "judge")
+                    for base, arm in self.searches for seed in self.spec.seeds]  # fmt: skip
+        self.stage = "done"
+        return self.held_out_jobs() if self.held_out is not None else []
+
+    def held_out_jobs(self) -> list[TunedJob]:
+        """The held-out size's arms on the judging seeds, each at its settings fitted over the
+        searched sizes' winners."""
+        from analysis.ladder import HELD_OUT, held_out_settings  # numpy and a fit: only for a ladder
+
+        jobs = []
+        for arm in self.bases[self.held_out][1]:
+            winners = [(self.sizes[base], self.tuning(base, arm).winner) for base, name in self.searches if name == arm]
+            settings = tuple(held_out_settings(self.spec.spaces[arm], winners, self.sizes[self.held_out]))
+            jobs += [TunedJob(self.held_out, arm, None, seed, HELD_OUT, settings) for seed in self.spec.seeds]
+        return jobs
 
     def overrides(self, job: TunedJob) -> list[str]:
         base = self.bases[job.base][0]
         given = {_key(o) for o in base}
         fixed = [o for o in self.spec.arms[job.arm] if _key(o) not in given]
-        point = self.spec.spaces[job.arm].overrides(job.point)
+        point = list(job.settings) if job.point is None else self.spec.spaces[job.arm].overrides(job.point)
         return [*base, *fixed, *point, f"study.arm={job.arm}", f"{PHASE}={job.phase}", f"seed={job.seed}"]
 
     def record(self, job: TunedJob, metrics: dict[str, float]) -> None:
@@ -215,8 +237,12 @@ class StudySweeper(BasicSweeper):
         bases = []
         for job in self._base_jobs(arguments):
             arms, base = _chosen_arms(spec, job)
-            bases.append((self._with_budget(spec, base), arms))
-        study = TunedStudy(spec, bases)
+            bases.append((base, arms))
+        budgeted = spec.tokens_per_parameter is not None and any("token_budget" not in {_key(o) for o in base} for base, _ in bases)
+        sizes = [self._parameters(base) for base, _ in bases] if budgeted or spec.held_out else None
+        held_out = self._held_out_base(spec, [base for base, _ in bases])
+        study = TunedStudy(spec, [(self._with_budget(spec, base, size), arms) for (base, arms), size in zip(bases, sizes or [None] * len(bases))],
+                           held_out, sizes)  # fmt: skip
         self._check_arms(spec)
         self._check_search(study)
         sweep_dir = Path(self.config.hydra.sweep.dir)
@@ -224,6 +250,8 @@ class StudySweeper(BasicSweeper):
         OmegaConf.save(self.config, sweep_dir / "multirun.yaml")
         returns = []
         while jobs := study.next_round():
+            if jobs[0].point is None:
+                self._predict_held_out(study, jobs, sweep_dir)
             batch = [study.overrides(job) for job in jobs]
             self.validate_batch_is_legal(batch)
             numbers = job_folders(sweep_dir, batch)
@@ -240,19 +268,53 @@ class StudySweeper(BasicSweeper):
         overrides = parser.parse_overrides([*self._parse_config(), *arguments])
         return [job for batch in BasicSweeper.split_arguments(overrides, None) for job in batch]
 
-    def _with_budget(self, spec: StudySpec, base: list[str]) -> list[str]:
-        """A base job with its token budget from ``study.tokens_per_parameter`` (unless the
-        command line sets one): that many tokens per parameter of the job's model."""
-        if spec.tokens_per_parameter is None or "token_budget" in {_key(o) for o in base}:
-            return base
+    def _parameters(self, base: list[str]) -> int:
+        """The parameter count of a base job's model."""
         from analysis.scaling_laws import parameter_count  # torch: only for a study that needs it
 
         model = OmegaConf.to_container(self.hydra_context.config_loader.load_sweep_config(self.config, base).model, resolve=True)
         try:
-            budget = round(spec.tokens_per_parameter * parameter_count(model))
+            return parameter_count(model)
         except ValueError as error:
-            raise ConfigError(f"study.tokens_per_parameter: {error} Set model.vocab_size.") from None
-        return [*base, f"token_budget={budget}"]
+            raise ConfigError(f"study.tokens_per_parameter / study.held_out: {error} Set model.vocab_size.") from None
+
+    @staticmethod
+    def _with_budget(spec: StudySpec, base: list[str], n_params: int | None) -> list[str]:
+        """A base job with its token budget from ``study.tokens_per_parameter`` (unless the
+        command line sets one): that many tokens per parameter of the job's model."""
+        if spec.tokens_per_parameter is None or "token_budget" in {_key(o) for o in base}:
+            return base
+        return [*base, f"token_budget={round(spec.tokens_per_parameter * n_params)}"]
+
+    @staticmethod
+    def _held_out_base(spec: StudySpec, bases: list[list[str]]) -> int | None:
+        """The base job of ``study.held_out`` (the one run with ``model=NAME``), which needs
+        at least 3 other sizes to fit its settings and its loss on."""
+        if spec.held_out is None:
+            return None
+        from analysis.ladder import MIN_SIZES
+
+        models = [next((o.split("=", 1)[1] for o in base if _key(o) == "model"), None) for base in bases]
+        if spec.held_out not in models:
+            raise ConfigError(f"study.held_out={spec.held_out} is not one of the sizes this study runs"
+                              f" (model={','.join(m for m in models if m) or '...'}); name one of them.")  # fmt: skip
+        if len(set(models) - {spec.held_out}) < MIN_SIZES:
+            raise ConfigError(f"study.held_out: the ladder has {len(set(models)) - 1} other size(s); fitting over N needs at"
+                              f" least {MIN_SIZES}: add sizes to model=..., or drop study.held_out.")  # fmt: skip
+        return models.index(spec.held_out)
+
+    def _predict_held_out(self, study: TunedStudy, jobs: list[TunedJob], sweep_dir: Path) -> None:
+        """Write the held-out size's loss prediction from the judged sizes before it trains
+        (kept if a worker wrote it already: the held-out runs may have started since)."""
+        from analysis.ladder import PREDICTION, write_prediction
+
+        if (sweep_dir / PREDICTION).is_file():
+            return
+        settings = {job.arm: list(job.settings) for job in jobs}
+        predictions = write_prediction([sweep_dir], self.config.study.held_out, study.sizes[study.held_out], settings=settings)
+        for p in predictions:
+            log.info("held-out %s at %s: predicted %.4f [%.4f, %.4f] from %s; runs with %s", p.method, p.model, p.predicted,
+                     p.low, p.high, ", ".join(p.fitted_on), " ".join(p.settings))  # fmt: skip
 
     def _metrics(self, result: JobReturn, overrides: list[str], number: int) -> dict[str, float]:
         """The job's final metrics from its ``finished.yaml``; a job another worker holds is
