@@ -208,6 +208,27 @@ def plot_points(points: list[BranchPoint], eta: float, path: Path) -> None:
     plt.close(figure)
 
 
+def plot_by_size(points_by_size: dict[int, list[BranchPoint]], path: Path) -> None:
+    """The measured critical batch against tokens, one colour per model size: each seed's
+    points and their geometric mean per branch point, log-log (a power law is a line)."""
+    figure, axis = plt.subplots(figsize=(7, 4.5))
+    for index, (n_params, points) in enumerate(sorted(points_by_size.items())):
+        color = f"C{index}"
+        steps = sorted({point.step for point in points})
+        by_step = [[p for p in points if p.step == step] for step in steps]
+        axis.scatter([p.tokens for p in points], [p.critical for p in points], color=color, alpha=0.35)
+        axis.plot([g[0].tokens for g in by_step], [statistics.geometric_mean([p.critical for p in g]) for g in by_step], "o-",
+                  color=color, label=f"N = {n_params / 1e6:.2f}M (geometric mean over seeds)")  # fmt: skip
+    batches = sorted({batch for points in points_by_size.values() for point in points for batch in point.losses})
+    if batches:
+        axis.axhspan(batches[0], batches[-1], color="grey", alpha=0.08, label=f"branch grid {batches[0]}-{batches[-1]}")
+    axis.set(xscale="log", yscale="log", xlabel="tokens at the branch point", ylabel="critical batch (sequences)",
+             title="Critical batch against tokens, per model size")  # fmt: skip
+    axis.legend(fontsize="small")
+    figure.savefig(path, dpi=120, bbox_inches="tight")
+    plt.close(figure)
+
+
 @dataclass(frozen=True)
 class Growth:
     """How the critical batch scales: log B* = c + b_tokens log t + b_size log N, by least

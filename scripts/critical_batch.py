@@ -21,7 +21,8 @@ was interrupted):
 Extra arguments are train.py overrides for both the base runs and the branches (a smaller
 model, another data source). ``--compare`` measures nothing: it reads finished studies of
 several model sizes (a ladder's, each with ``model=...``) and fits log B* against log tokens
-and log N, saying whether the critical batch grows with tokens and with size. The
+and log N, saying whether the critical batch grows with tokens and with size, and draws
+critical_batch_by_size.png (B* against tokens, one line per size) into ``--out``. The
 definitions are in ``analysis/critical_batch.py``.
 """
 
@@ -39,6 +40,7 @@ from analysis.critical_batch import (  # noqa: E402
     branch_arms,
     branch_points,
     growth,
+    plot_by_size,
     plot_points,
     points_table,
     summary_table,
@@ -65,6 +67,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--tolerance", type=float, default=0.01, help="loss tolerance (nats) against the smallest batch")
     parser.add_argument("--compare", type=Path, nargs="+", metavar="DIR",
                         help="measure nothing: the critical batch of several finished studies (a ladder's sizes) against tokens and size")  # fmt: skip
+    parser.add_argument("--out", type=Path, help="with --compare: folder for critical_batch_by_size.png (default: FIRST_DIR/report)")
     parser.add_argument("overrides", nargs="*", help="train.py overrides for the base runs and the branches")
     args = parser.parse_args(argv)
     if args.window <= 0 or args.tolerance < 0 or min(args.batches) <= 0 or min(args.steps) <= 0:
@@ -136,7 +139,7 @@ def report(folder: Path, bases: dict, tolerance: float) -> None:
     print(f"wrote {out / 'critical_batch.md'} and {out / 'critical_batch.png'}", file=sys.stderr)
 
 
-def compare(folders: list[Path], tolerance: float) -> None:
+def compare(folders: list[Path], tolerance: float, out: Path | None = None) -> None:
     """Each finished study's points, by its model's size; the fitted exponents and the verdict."""
     by_size = {}
     for folder in folders:
@@ -152,12 +155,16 @@ def compare(folders: list[Path], tolerance: float) -> None:
     print(f"log B* against log tokens: exponent {found.tokens[0]:.3f} [{found.tokens[1]:.3f}, {found.tokens[2]:.3f}];"
           f" against log N: {found.size[0]:.3f} [{found.size[1]:.3f}, {found.size[2]:.3f}]"
           f" ({found.points} points, {found.censored} at the grid's top): the critical batch {found.verdict()}.")  # fmt: skip
+    out = out or folders[0] / "report"
+    out.mkdir(parents=True, exist_ok=True)
+    plot_by_size(by_size, out / "critical_batch_by_size.png")
+    print(f"wrote {out / 'critical_batch_by_size.png'}", file=sys.stderr)
 
 
 def main(argv: list[str] | None = None) -> int:
     def work() -> None:
         args = parse_args(argv)
-        compare(args.compare, args.tolerance) if args.compare else measure(args)
+        compare(args.compare, args.tolerance, args.out) if args.compare else measure(args)
 
     return exit_code(work)
 

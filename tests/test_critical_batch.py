@@ -92,10 +92,10 @@ def test_the_report_applies_the_rule_to_the_branches_losses(measured: Path) -> N
     assert (measured / "report" / "critical_batch.png").stat().st_size > 10_000
 
 
-def test_the_growth_fit_recovers_known_exponents_in_tokens_and_size() -> None:
+def test_the_growth_fit_recovers_known_exponents_in_tokens_and_size(tmp_path: Path) -> None:
     """B* = 2 t^0.5 N^0 (powers of two, as the grid measures them, up to rounding) at two
     sizes and three seeds: the token exponent is found, the size exponent is not."""
-    from analysis.critical_batch import BranchPoint, growth
+    from analysis.critical_batch import BranchPoint, growth, plot_by_size
 
     def points(n: float, wobble: float) -> list:
         return [BranchPoint(seed, step, tokens, {}, round(2 * tokens**0.5 * (1 + wobble * (seed - 2))), False, None, None)
@@ -107,3 +107,5 @@ def test_the_growth_fit_recovers_known_exponents_in_tokens_and_size() -> None:
     assert found.verdict() == "grows with tokens; does not change measurably with model size"
     with pytest.raises(ConfigError, match="two or more model sizes"):
         growth({3e5: points(3e5, 0.01)})
+    plot_by_size({300_000: points(3e5, 0.01), 1_200_000: points(1.2e6, -0.01)}, tmp_path / "by_size.png")
+    assert (tmp_path / "by_size.png").read_bytes().startswith(b"\x89PNG")
