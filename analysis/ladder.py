@@ -61,7 +61,7 @@ def rungs(runs: list[Run], metric: str = "val/loss") -> list[Rung]:
     """The judging runs (finished; a study's tuning runs left out), grouped by method and size."""
     grouped: dict[tuple[str, str], list[Run]] = {}
     for run in runs:
-        if run.phase == "tune" or run.arm is None or run.final(metric) is None:
+        if run.phase == "tune" or run.arm is None or not run.finished or run.final(metric) is None:
             continue
         grouped.setdefault((run.arm, model_name(run)), []).append(run)
     found = []

@@ -15,7 +15,8 @@ fitted sizes only: what the predicted size's runs logged is never opened.
 (method, size, the settings a held-out size ran with, predicted with its interval, measured
 over seeds, relative error), the fits
 on all sizes (L(N) per method, the joint L(N, M) over DiLoCo, the inner LR each size's search
-picked against N) and the study's claims, trend claims included; it writes
+picked against N), the study's claims, trend claims included, and the compute (training time
+per size and phase); it writes
 ``ladder_loss.png`` (loss against N with the fits and the held-out prediction) and
 ``ladder_gap.png`` (each DiLoCo method's difference from data parallelism against N).
 Definitions: ``analysis/ladder.py``.
@@ -32,7 +33,18 @@ import yaml
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from analysis.ladder import PREDICTION, Prediction, by_method, fit_loss, joint_fit, lr_fit, rungs, run_models, write_prediction  # noqa: E402
+from analysis.ladder import (  # noqa: E402
+    PREDICTION,
+    Prediction,
+    by_method,
+    fit_loss,
+    joint_fit,
+    lr_fit,
+    model_name,
+    rungs,
+    run_models,
+    write_prediction,
+)
 from analysis.report import build_report, verdict_table  # noqa: E402
 from analysis.runs import find_runs  # noqa: E402
 from analysis.scaling_laws import parameter_count  # noqa: E402
@@ -89,15 +101,32 @@ def prediction_table(predictions: list[Prediction], measured: dict[tuple[str, st
     return "\n".join(lines)
 
 
+def compute_table(runs) -> str:
+    """Finished runs and their training time (``time/train_seconds``, summed) per size and
+    phase: the ladder's cost, part by part."""
+    cost: dict[tuple[str, str], list[float]] = {}
+    for run in runs:
+        if run.finished:
+            cost.setdefault((model_name(run), run.phase or "-"), []).append(run.final("time/train_seconds") or 0.0)
+    lines = ["| size | phase | runs | training time (one core, h) |", "|---|---|---|---|"]
+    for (model, phase), seconds in sorted(cost.items(), key=lambda item: (parameter_count(next(r.setting("model") for r in runs
+                                          if model_name(r) == item[0][0])), item[0][1])):  # fmt: skip
+        lines.append(f"| {model} | {phase} | {len(seconds)} | {sum(seconds) / 3600:.2f} |")
+    total = sum(sum(seconds) for seconds in cost.values())
+    lines.append(f"| all | | {sum(len(s) for s in cost.values())} | {total / 3600:.2f} |")
+    return "\n".join(lines)
+
+
 def do_report(args: argparse.Namespace) -> None:
     runs = find_runs(args.dirs)
     found = rungs(runs)
     recorded = args.dirs[0] / PREDICTION
-    if not recorded.is_file():
-        raise UserError(f"no recorded prediction in {recorded}: run `python scripts/ladder.py predict {args.dirs[0]}` first.")
-    predictions = [Prediction(**entry) for entry in yaml.safe_load(recorded.read_text())]
+    predictions = [Prediction(**entry) for entry in yaml.safe_load(recorded.read_text())] if recorded.is_file() else []
     measured = {(r.method, r.model): list(r.losses.values()) for r in found}
-    print(f"## Held-out prediction\n\n{prediction_table(predictions, measured)}\n\n## Fits on every size\n")
+    table = prediction_table(predictions, measured) if predictions else (
+        f"None recorded yet in {recorded}: a study with study.held_out writes it before that size trains;"
+        f" else `python scripts/ladder.py predict {args.dirs[0]}`.")  # fmt: skip
+    print(f"## Held-out prediction\n\n{table}\n\n## Fits on every size\n")
     for method, members in by_method(found).items():
         if len(members) >= 3:
             print(f"- {method}: {fit_loss(members).describe('L')}")
@@ -110,6 +139,7 @@ def do_report(args: argparse.Namespace) -> None:
     report = build_report(runs)
     if report.verdicts:
         print(f"\n## Claims\n\n{verdict_table(report.verdicts)}")
+    print(f"\n## Compute\n\n{compute_table(runs)}")
     out = args.out or args.dirs[0] / "report"
     out.mkdir(parents=True, exist_ok=True)
     plot_loss(found, predictions, out / "ladder_loss.png")

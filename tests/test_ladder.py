@@ -135,9 +135,12 @@ def test_the_prediction_command_never_reads_the_predicted_size(tmp_path: Path) -
     result = ladder(["predict", str(sweep), "--predict", "ladder_2_1m"])
     assert result.returncode == 0, result.stderr
     assert (sweep / "ladder_prediction.yaml").read_text() == first
+    write_run(sweep / "20", "ladder_2_1m", "dp", 2, 9.9)  # a held-out run still training: not measured yet
+    (sweep / "20" / "finished.yaml").unlink()
     report = ladder(["report", str(sweep), "--out", str(tmp_path / "report")])
     assert report.returncode == 0, report.stderr
     assert "| dp | ladder_2_1m | 2,084,688 | its own search |" in report.stdout and "| not run | - |" in report.stdout
+    assert "| ladder_0_1m | judge | 2 | 0.00 |" in report.stdout and "| all | | 8 |" in report.stdout  # the unfinished run left out
     # Bad input: a size in the fit and the prediction, and too few sizes for a fit.
     (sweep / "ladder_prediction.yaml").unlink()
     refused = ladder(["predict", str(sweep), "--predict", "ladder_1_2m", "--sizes", *SIZES[:4]])
