@@ -238,6 +238,9 @@ class Growth:
     size: tuple[float, float, float]
     points: int
     censored: int  # points whose largest batch passed: B* is only a lower bound there
+    #: Points where no batch above the smallest passed: B* is at most the smallest, the
+    #: reference the rule compares with, so the fit reads those as equal to it.
+    at_floor: int = 0
 
     def verdict(self) -> str:
         """Grows with tokens (its interval above 0); with size or not (the size exponent's
@@ -266,4 +269,5 @@ def growth(points_by_size: dict[float, list[BranchPoint]]) -> Growth:
 
     half = t_quantile(dof) * np.sqrt(np.diag(covariance))
     exponent = lambda i: (float(coefficients[i]), float(coefficients[i] - half[i]), float(coefficients[i] + half[i]))  # noqa: E731
-    return Growth(exponent(1), exponent(2), len(rows), sum(censored for *_, censored in rows))
+    floor = sum(1 for points in points_by_size.values() for p in points if p.losses and p.critical == min(p.losses))
+    return Growth(exponent(1), exponent(2), len(rows), sum(censored for *_, censored in rows), floor)

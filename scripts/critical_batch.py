@@ -154,7 +154,8 @@ def compare(folders: list[Path], tolerance: float, out: Path | None = None) -> N
     found = growth(by_size)
     print(f"log B* against log tokens: exponent {found.tokens[0]:.3f} [{found.tokens[1]:.3f}, {found.tokens[2]:.3f}];"
           f" against log N: {found.size[0]:.3f} [{found.size[1]:.3f}, {found.size[2]:.3f}]"
-          f" ({found.points} points, {found.censored} at the grid's top): the critical batch {found.verdict()}.")  # fmt: skip
+          f" ({found.points} points, {found.censored} at the grid's top, {found.at_floor} at its floor, where B* is at most the"
+          f" smallest batch): the critical batch {found.verdict()}.")  # fmt: skip
     out = out or folders[0] / "report"
     out.mkdir(parents=True, exist_ok=True)
     plot_by_size(by_size, out / "critical_batch_by_size.png")

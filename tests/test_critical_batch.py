@@ -104,6 +104,8 @@ def test_the_growth_fit_recovers_known_exponents_in_tokens_and_size(tmp_path: Pa
     found = growth({3e5: points(3e5, 0.01), 1.2e6: points(1.2e6, -0.01)})
     assert found.tokens[0] == pytest.approx(0.5, abs=0.01) and found.tokens[1] > 0.45
     assert found.size[1] < 0 < found.size[2] and found.points == 24
+    floor = [BranchPoint(seed, 25, tokens, {4: 2.0, 8: 2.1}, 4, False, None, None) for seed in (1, 2) for tokens in (1e5, 2e5)]
+    assert growth({1e5: floor, 1e6: floor}).at_floor == 8  # B* at the smallest batch: at most that, counted
     assert found.verdict() == "grows with tokens; does not change measurably with model size"
     with pytest.raises(ConfigError, match="two or more model sizes"):
         growth({3e5: points(3e5, 0.01)})
