@@ -2,7 +2,7 @@
 
     python scripts/critical_batch.py --dir outputs/studies/critical_batch
     python scripts/critical_batch.py --dir DIR --seeds 1 --steps 25 50 --batches 16 64 --window 65536 model.n_layers=2
-    python scripts/critical_batch.py --compare outputs/studies/critical_batch_0_3m outputs/studies/critical_batch_1_2m
+    python scripts/critical_batch.py --compare outputs/studies/critical_batch_0_1m outputs/studies/critical_batch_0_65m --out docs/
 
 Three stages, each resumable (the same command again skips what finished and resumes what
 was interrupted):
