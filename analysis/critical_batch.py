@@ -210,14 +210,15 @@ def plot_points(points: list[BranchPoint], eta: float, path: Path) -> None:
 
 def plot_by_size(points_by_size: dict[int, list[BranchPoint]], path: Path) -> None:
     """The measured critical batch against tokens, one colour per model size: each seed's
-    points and their geometric mean per branch point, log-log (a power law is a line)."""
+    points and their geometric mean per branch point, log-log (a power law is a line). Each
+    size is shifted by a few percent along the token axis so that equal values stay visible."""
     figure, axis = plt.subplots(figsize=(7, 4.5))
     for index, (n_params, points) in enumerate(sorted(points_by_size.items())):
-        color = f"C{index}"
+        color, shift = f"C{index}", 1 + 0.04 * (index - (len(points_by_size) - 1) / 2)
         steps = sorted({point.step for point in points})
         by_step = [[p for p in points if p.step == step] for step in steps]
-        axis.scatter([p.tokens for p in points], [p.critical for p in points], color=color, alpha=0.35)
-        axis.plot([g[0].tokens for g in by_step], [statistics.geometric_mean([p.critical for p in g]) for g in by_step], "o-",
+        axis.scatter([p.tokens * shift for p in points], [p.critical for p in points], color=color, alpha=0.35)
+        axis.plot([g[0].tokens * shift for g in by_step], [statistics.geometric_mean([p.critical for p in g]) for g in by_step], "o-",
                   color=color, label=f"N = {n_params / 1e6:.2f}M (geometric mean over seeds)")  # fmt: skip
     batches = sorted({batch for points in points_by_size.values() for point in points for batch in point.losses})
     if batches:
