@@ -308,10 +308,12 @@ class StudySweeper(BasicSweeper):
         (kept if a worker wrote it already: the held-out runs may have started since)."""
         from analysis.ladder import PREDICTION, write_prediction
 
-        if (sweep_dir / PREDICTION).is_file():
-            return
-        settings = {job.arm: list(job.settings) for job in jobs}
-        predictions = write_prediction([sweep_dir], self.config.study.held_out, study.sizes[study.held_out], settings=settings)
+        with open(sweep_dir / f"{REGISTRY}.lock", "w") as lock:  # two workers arrive together: one writes
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            if (sweep_dir / PREDICTION).is_file():
+                return
+            settings = {job.arm: list(job.settings) for job in jobs}
+            predictions = write_prediction([sweep_dir], self.config.study.held_out, study.sizes[study.held_out], settings=settings)
         for p in predictions:
             log.info("held-out %s at %s: predicted %.4f [%.4f, %.4f] from %s; runs with %s", p.method, p.model, p.predicted,
                      p.low, p.high, ", ".join(p.fitted_on), " ".join(p.settings))  # fmt: skip
