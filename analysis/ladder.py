@@ -21,7 +21,7 @@ other size is judged and before the held-out size trains; that size's searched s
 ``held_out_settings``: each fitted as a N^b over the other sizes' winners.
 """
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -178,8 +178,7 @@ def write_prediction(dirs: list[Path], target: str, n_params: int, fit_sizes: li
     fit_sizes = fit_sizes or sorted({str(m.get("name")) for m in models.values()} - {target})
     found = rungs([load_run(folder) for folder, model in models.items() if model.get("name") in fit_sizes and model.get("name") != target])
     predictions = predict(found, fit_sizes, target, n_params)  # refuses a fitted target, or too few sizes
-    for index, p in enumerate(predictions):
-        predictions[index] = Prediction(**{**p.as_dict(), "settings": (settings or {}).get(p.method, [])})
+    predictions = [replace(p, settings=(settings or {}).get(p.method, [])) for p in predictions]
     (dirs[0] / PREDICTION).write_text(yaml.safe_dump([p.as_dict() for p in predictions], sort_keys=False))
     return predictions
 

@@ -104,13 +104,12 @@ def prediction_table(predictions: list[Prediction], measured: dict[tuple[str, st
 def compute_table(runs) -> str:
     """Finished runs and their training time (``time/train_seconds``, summed) per size and
     phase: the ladder's cost, part by part."""
-    cost: dict[tuple[str, str], list[float]] = {}
-    for run in runs:
-        if run.finished:
-            cost.setdefault((model_name(run), run.phase or "-"), []).append(run.final("time/train_seconds") or 0.0)
+    cost: dict[tuple[int, str, str], list[float]] = {}  # (N, size, phase) -> seconds per run
+    for run in (run for run in runs if run.finished):
+        key = (parameter_count(run.setting("model")), model_name(run), run.phase or "-")
+        cost.setdefault(key, []).append(run.final("time/train_seconds") or 0.0)
     lines = ["| size | phase | runs | training time (one core, h) |", "|---|---|---|---|"]
-    for (model, phase), seconds in sorted(cost.items(), key=lambda item: (parameter_count(next(r.setting("model") for r in runs
-                                          if model_name(r) == item[0][0])), item[0][1])):  # fmt: skip
+    for (_, model, phase), seconds in sorted(cost.items()):
         lines.append(f"| {model} | {phase} | {len(seconds)} | {sum(seconds) / 3600:.2f} |")
     total = sum(sum(seconds) for seconds in cost.values())
     lines.append(f"| all | | {sum(len(s) for s in cost.values())} | {total / 3600:.2f} |")

@@ -156,7 +156,7 @@ class TunedStudy:
         self.spec, self.bases = spec, bases  # per base job: its overrides and the arms it runs
         self.held_out, self.sizes = held_out, sizes  # the held-out base job; every base's parameter count
         self.losses: dict[tuple[int, str, Point], dict[int, float]] = defaultdict(dict)
-        self.stage = "tune"  # tune -> judge -> held_out -> done
+        self.stage = "tune"  # tune -> judge -> done (the held-out round, if any, comes with done)
         self.select = spec.claims[0].select if spec.claims else "val/loss"
 
     @property
@@ -313,7 +313,7 @@ class StudySweeper(BasicSweeper):
             if (sweep_dir / PREDICTION).is_file():
                 return
             settings = {job.arm: list(job.settings) for job in jobs}
-            predictions = write_prediction([sweep_dir], self.config.study.held_out, study.sizes[study.held_out], settings=settings)
+            predictions = write_prediction([sweep_dir], study.spec.held_out, study.sizes[study.held_out], settings=settings)
         for p in predictions:
             log.info("held-out %s at %s: predicted %.4f [%.4f, %.4f] from %s; runs with %s", p.method, p.model, p.predicted,
                      p.low, p.high, ", ".join(p.fitted_on), " ".join(p.settings))  # fmt: skip
