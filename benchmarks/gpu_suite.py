@@ -8,12 +8,16 @@ measures, in one process and through the framework's own pieces (``benchmarks/lo
    layouts each;
 2. **kernels**: TinyLlama at one layout with each choice of fused kernels (Liger's or
    Inductor's norm/SwiGLU/RoPE, Liger's or the chunked cross-entropy, the SDPA backend);
-3. **correctness**: per-step losses over 20 steps of bf16 against fp32, of FSDP1 and FSDP2
-   on one device against one device, and of each fused path against the plain one;
-4. **techniques**: the norm test, sequence-length warmup (with Dynamo's count of graphs
+3. **mfu**: TinyLlama with the best kernels at the layouts the first two leave out: one
+   micro-batch per step, bf16 parameters through FSDP2 (one cast per step), the whole model
+   compiled;
+4. **correctness**: per-step losses over 20 steps of bf16 against fp32, of FSDP1 and FSDP2
+   on one device against one device, and of each fused path against the plain one, beside
+   the spread of two identical runs (the GPU's reductions are not deterministic);
+5. **techniques**: the norm test, sequence-length warmup (with Dynamo's count of graphs
    compiled after the first length) and simulated DiLoCo, each against the same training
    without it, under bf16 + compile;
-5. **overhead**: the framework against a plain PyTorch loop with the same model and kernels.
+6. **overhead**: the framework against a plain PyTorch loop with the same model and kernels.
 
 Before each run Dynamo and the CUDA allocator are reset, so every run compiles and
 allocates as a fresh process would (Inductor's on-disk cache stays: a graph compiled
@@ -53,15 +57,15 @@ from lightning_modules.step_callback import StepCallback
 from lightning_modules.liger_kernels import liger_available
 from lightning_modules.training_state import TrainingState
 
-SECTIONS = ("layouts", "kernels", "correctness", "techniques", "overhead")
+SECTIONS = ("layouts", "kernels", "mfu", "correctness", "techniques", "overhead")
 ACTIVATION_CHECKPOINTING = ("none", "mlp", "full")
 GRAPH_COUNTER = "torch._dynamo.utils.counters['stats']['unique_graphs']"
 NEVER_GROWS = ["technique.adaptive_batch.eta=1e6", "technique.adaptive_batch.theta=1e6", "technique.adaptive_batch.nu=1e6"]
 MAX_TECHNIQUE_OVERHEAD = 0.03
 MIN_FRAMEWORK_RATIO = 0.98
 REPORT_NAME = "benchmark_gpu"
-# Each section's share of the time budget: the estimates of docs/gpu_benchmark.md, rounded.
-SHARES = {"layouts": 0.45, "kernels": 0.1, "correctness": 0.2, "techniques": 0.18, "overhead": 0.07}
+# Each section's share of the time budget: its time on the H100 (docs/gpu_benchmark.md), rounded.
+SHARES = {"layouts": 0.34, "kernels": 0.08, "mfu": 0.28, "correctness": 0.15, "techniques": 0.1, "overhead": 0.05}
 DILOCO_EXPERIMENT_H = 30  # technique.diloco.sync_every of +experiment=diloco
 
 
@@ -77,6 +81,9 @@ class Plan:
     shapes of sequence-length warmup (every technique run then has the baseline's kernels).
     ``kernel_layout`` (micro-batch, checkpointing, compile) is where the kernels section
     compares kernels: the fastest TinyLlama layout of the first H100 run.
+    ``correctness_lr`` is TinyLlama's pretraining peak LR: the default recipe's 8e-3 (a
+    0.8M model's) makes a 300M model's loss jump about within 20 steps, where any
+    difference in rounding grows into a large loss difference and the checks test chaos.
     """
 
     name: str
@@ -91,6 +98,7 @@ class Plan:
     work_compile: str
     correctness_model: str
     correctness_batch: int
+    correctness_lr: float
     precision: str
     kernels: tuple[str, ...]
     kernels_label: str
@@ -135,6 +143,7 @@ def gpu_plan() -> Plan:
         work_compile="blocks",
         correctness_model="micro_llama_300m",
         correctness_batch=4,
+        correctness_lr=4e-4,
         precision="bf16-mixed",
         kernels=kernels,
         kernels_label=label,
@@ -162,6 +171,7 @@ def quick_plan() -> Plan:
         work_compile="none",
         correctness_model="tiny",
         correctness_batch=4,
+        correctness_lr=4e-4,
         precision="32-true",
         kernels=kernels,
         kernels_label=label,
@@ -384,10 +394,10 @@ class Suite:
         return [*self.plan.base, *cache, *peak, f"model={model}", f"data.seq_len={self.plan.seq_len}", *extra]
 
     def run(self, label: str, overrides: list[str], steps: int, warmup: int, loop: str = "framework",
-            every_step: bool = False) -> RunResult:  # fmt: skip
-        """Run once (or return the earlier result of the same run); skipped when it would
-        pass the section's deadline."""
-        key = (loop, steps, warmup, every_step, *overrides)
+            every_step: bool = False, repeat: int = 0) -> RunResult:  # fmt: skip
+        """Run once (or return the earlier result of the same run; ``repeat`` > 0 trains it
+        again); skipped when it would pass the section's deadline."""
+        key = (loop, steps, warmup, every_step, repeat, *overrides)
         if key in self.runs:
             return self.runs[key]
         result = RunResult(label, overrides, loop, steps, warmup)
@@ -516,7 +526,53 @@ def kernels(suite: Suite) -> Table:
     return Table("kernels", KERNEL_COLUMNS, rows)
 
 
-# ---------------------------------------------------------------- 3. correctness
+# ---------------------------------------------------------------- 3. mfu
+MFU_COLUMNS = [Column("variant", "layout"), TOKENS, Column("ratio", "vs first row", decimals), MFU,
+               Column("hfu", "HFU", percent), PEAK, STATUS]  # fmt: skip
+
+
+def mfu_variants(plan: Plan) -> list[tuple[str, list[str]]]:
+    """(label, layout overrides): the kernels section's layout first (the reference), then
+    the levers it leaves out. One micro-batch per step saves the per-micro-batch work that
+    does not shrink with it (autocast's weight casts, the loss head's launch); FSDP2's bf16
+    parameters cast the weights once per step instead of once per micro-batch; compiling the
+    whole model lets Inductor fuse across blocks and into the loss."""
+    micro, checkpointing, _ = plan.kernel_layout
+    whole = plan.global_batch
+    bf16_parameters = ["strategy=fsdp2", "trainer.devices=1", "layout.fsdp_mixed_precision=true"]
+    return [
+        (f"micro {micro}, compile blocks", [f"batch.micro_batch_size={micro}", "layout.compile=blocks"]),
+        (f"micro {whole} (no accumulation), compile blocks", [f"batch.micro_batch_size={whole}", "layout.compile=blocks"]),
+        (f"micro {whole}, compile model", [f"batch.micro_batch_size={whole}", "layout.compile=model"]),
+        (f"micro {micro}, compile model", [f"batch.micro_batch_size={micro}", "layout.compile=model"]),
+        (f"micro {micro}, compile blocks, FSDP2 bf16 parameters",
+         [f"batch.micro_batch_size={micro}", "layout.compile=blocks", *bf16_parameters]),
+        (f"micro {whole}, compile blocks, FSDP2 bf16 parameters",
+         [f"batch.micro_batch_size={whole}", "layout.compile=blocks", *bf16_parameters]),
+    ]  # fmt: skip
+
+
+def mfu(suite: Suite) -> Table:
+    """The main model with the best kernels of the first H100 run (Liger's cross-entropy,
+    Inductor's norm/SwiGLU/RoPE, fused AdamW), no checkpointing, at each lever of
+    ``mfu_variants``; the ratio is against the first row that ran."""
+    plan, args = suite.plan, suite.args
+    base = suite.overrides(plan.model, f"batch.global_batch_size={plan.global_batch}",
+                           f"layout.activation_checkpointing={plan.kernel_layout[1]}", *plan.work_kernels)  # fmt: skip
+    rows, first = [], None
+    for label, overrides in mfu_variants(plan):
+        run = suite.run(f"mfu: {label}", [*base, *overrides], args.steps, args.warmup)
+        row = {"variant": label, "model": plan.model, "tokens_per_sec": run.tokens_per_sec, "mfu": run.mfu,
+               "hfu": run.hfu, "peak_memory_gb": run.peak_memory_gb, "status": run.status}  # fmt: skip
+        if run.tokens_per_sec is not None:
+            first = first or run.tokens_per_sec
+            row["ratio"] = run.tokens_per_sec / first
+        rows.append(row)
+    mark_best(rows, 0)
+    return Table("mfu", MFU_COLUMNS, rows)
+
+
+# ---------------------------------------------------------------- 4. correctness
 CORRECTNESS_COLUMNS = [
     Column("check", "check"),
     Column("model", "model"),
@@ -538,8 +594,20 @@ def loss_differences(reference: RunResult, other: RunResult) -> dict[str, Any]:
     return {"steps": len(steps), "max_abs_diff": max(differences), "max_rel_diff": max(relative)}
 
 
-def correctness_checks(suite: Suite) -> list[tuple[str, list[str], list[str], str | None]]:
-    """(check, reference overrides, compared overrides, why it cannot run here or None)."""
+@dataclass(frozen=True)
+class Check:
+    """Two runs whose per-step losses are compared: ``compared`` against ``reference`` (the
+    same overrides again when ``repeat``: the spread of identical runs); ``unavailable`` says
+    why it cannot run here."""
+
+    name: str
+    reference: list[str]
+    compared: list[str]
+    unavailable: str | None = None
+    repeat: bool = False
+
+
+def correctness_checks(suite: Suite) -> list[Check]:
     plan = suite.plan
     batch = plan.correctness_batch
     base = suite.overrides(
@@ -551,21 +619,27 @@ def correctness_checks(suite: Suite) -> list[tuple[str, list[str], list[str], st
         "layout.compile=none",
         "layout.activation_checkpointing=none",
         "layout.fused_adamw=true",
+        f"optimizer.lr={plan.correctness_lr}",
     )
     reference = [*base, f"trainer.precision={plan.precision}"]
     no_liger = None if plan.device == "cuda" and liger_available() else "skipped: needs liger-kernel and CUDA"
     no_fsdp1 = None if plan.device == "cuda" else "skipped: FSDP1 needs CUDA (Lightning refuses FSDP1 on CPU)"
     fp32, bf16 = [*base, "trainer.precision=32-true"], [*base, "trainer.precision=bf16-mixed"]
     one_device = ["trainer.devices=1"]
+    spreads = [Check("fp32 against the same fp32 run again", fp32, fp32, repeat=True)]
+    if reference != fp32:
+        spreads.append(Check(f"{plan.precision} against the same run again", reference, reference, repeat=True))
     return [
-        ("bf16-mixed against fp32 (32-true)", fp32, bf16, None),
-        ("loss=chunked against plain", reference, [*reference, "layout.loss=chunked"], None),
-        ("loss=liger against plain", reference, [*reference, "layout.loss=liger"], no_liger),
-        ("liger_kernels=true against off", reference, [*reference, "layout.liger_kernels=true"], no_liger),
-        ("compile=model against none", reference, [*reference, "layout.compile=model"], None),
-        ("strategy=fsdp2 (1 device) against single device", reference, [*reference, "strategy=fsdp2", *one_device], None),
-        ("strategy=fsdp (FSDP1, 1 device) against single device", reference, [*reference, "strategy=fsdp", *one_device], no_fsdp1),
-    ]
+        *spreads,
+        Check("bf16-mixed against fp32 (32-true)", fp32, bf16),
+        Check("loss=chunked against plain", reference, [*reference, "layout.loss=chunked"]),
+        Check("loss=liger against plain", reference, [*reference, "layout.loss=liger"], no_liger),
+        Check("liger_kernels=true against off", reference, [*reference, "layout.liger_kernels=true"], no_liger),
+        Check("compile=model against none", reference, [*reference, "layout.compile=model"]),
+        Check("strategy=fsdp2 (1 device) against single device", reference, [*reference, "strategy=fsdp2", *one_device]),
+        Check("strategy=fsdp (FSDP1, 1 device) against single device", reference, [*reference, "strategy=fsdp", *one_device],
+              no_fsdp1),
+    ]  # fmt: skip
 
 
 def correctness(suite: Suite) -> Table:
@@ -573,13 +647,13 @@ def correctness(suite: Suite) -> Table:
     logging the loss every step; the reference run is shared by the checks that use it."""
     rows = []
     steps = suite.args.correctness_steps
-    for check, reference_overrides, compared_overrides, unavailable in correctness_checks(suite):
-        row = {"check": check, "model": suite.plan.correctness_model, "tolerance": suite.args.tolerance}
-        if unavailable:
-            rows.append({**row, "steps": 0, "result": unavailable})
+    for check in correctness_checks(suite):
+        row = {"check": check.name, "model": suite.plan.correctness_model, "tolerance": suite.args.tolerance}
+        if check.unavailable:
+            rows.append({**row, "steps": 0, "result": check.unavailable})
             continue
-        reference = suite.run(f"{check}: reference", reference_overrides, steps, 0, every_step=True)
-        compared = suite.run(f"{check}: compared", compared_overrides, steps, 0, every_step=True)
+        reference = suite.run(f"{check.name}: reference", check.reference, steps, 0, every_step=True)
+        compared = suite.run(f"{check.name}: compared", check.compared, steps, 0, every_step=True, repeat=int(check.repeat))
         row.update(loss_differences(reference, compared))
         failed = next((run.status for run in (reference, compared) if not run.ok), None)
         within = row["max_abs_diff"] is not None and row["max_abs_diff"] <= suite.args.tolerance
@@ -589,7 +663,7 @@ def correctness(suite: Suite) -> Table:
     return Table("correctness", CORRECTNESS_COLUMNS, rows)
 
 
-# ---------------------------------------------------------------- 4. techniques
+# ---------------------------------------------------------------- 5. techniques
 TECHNIQUE_COLUMNS = [
     Column("technique", "technique"),
     Column("baseline", "baseline"),
@@ -726,6 +800,7 @@ def overhead(suite: Suite) -> Table:
 SECTION_RUNNERS: dict[str, Callable[[Suite], Table]] = {
     "layouts": layouts,
     "kernels": kernels,
+    "mfu": mfu,
     "correctness": correctness,
     "techniques": techniques,
     "overhead": overhead,

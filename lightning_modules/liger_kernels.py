@@ -48,11 +48,14 @@ def liger_linear_cross_entropy() -> LinearCrossEntropy | None:
 
     ``accum_dtype=torch.float32`` accumulates the weight gradient in fp32, as the chunked
     fallback does (Liger's default accumulates in the weight's dtype, bf16 under FSDP2's
-    mixed precision).
+    mixed precision). Dynamo does not trace into it (``torch.compiler.disable``): the kernel is
+    opaque to Inductor anyway, and under ``layout.compile=model`` Dynamo fails on the fp32
+    accumulation's ``addmm(out_dtype=...)`` (seen with torch 2.11 and liger-kernel 0.8.5).
     """
     if not liger_available():
         return None
 
+    @torch.compiler.disable
     def loss(hidden: Tensor, weight: Tensor, labels: Tensor) -> Tensor:
         return liger_fused_linear_cross_entropy(
             hidden, weight, labels, ignore_index=IGNORE_INDEX, reduction="mean", accum_dtype=torch.float32

@@ -91,10 +91,15 @@ def test_quick_mode_counts_graphs_over_the_length_curriculum(quick_report):
 def test_runs_that_would_pass_the_budget_are_reported_as_skipped(tmp_path):
     gpu_suite.main(["--quick", "--budget-seconds", "0", "--out", str(tmp_path)])
     data = json.loads((tmp_path / "benchmark_gpu.json").read_text())
-    assert list(data["sections"]) == ["layouts", "kernels", "correctness", "techniques", "overhead"]
+    assert list(data["sections"]) == ["layouts", "kernels", "mfu", "correctness", "techniques", "overhead"]
     assert len(data["sections"]["layouts"]) == 2 * 3 * 2 + 2 * 2  # the grid, then two layouts per smaller model
     kernels = data["sections"]["kernels"]
     assert [row["status"].split(":")[0] for row in kernels] == ["skipped"] * 3 + ["skipped (time budget)"]
+    assert [row["status"] for row in data["sections"]["mfu"]] == ["skipped (time budget)"] * 6
+    # a repeat check trains its run a second time rather than comparing the cached run with itself
+    repeats = [run for run in data["runs"] if "the same" in run["label"]]
+    assert len(repeats) == 2 and repeats[0]["overrides"] == repeats[1]["overrides"]
+    assert all("optimizer.lr=0.0004" in run["overrides"] for run in repeats)
     assert all(run["status"] == "skipped (time budget)" for run in data["runs"])
     (fsdp1,) = [row for row in data["sections"]["correctness"] if "FSDP1" in row["check"]]
     assert fsdp1["result"].startswith("skipped: FSDP1 needs CUDA")
