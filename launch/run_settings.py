@@ -121,6 +121,7 @@ def check_files(cfg: DictConfig) -> None:
 def check_config(cfg: DictConfig, processes: int | None = None) -> RunSettings:
     """Validate the whole run config; ``processes`` overrides the count the config states."""
     top = _top_level(cfg)
+    model = settings_from_config(LlamaConfig, cfg.model, "model")
     batch = settings_from_config(BatchConfig, cfg.batch, "batch")
     lr_schedule = settings_from_config(LRScheduleConfig, cfg.lr_schedule, "lr_schedule")
     layout = settings_from_config(LayoutConfig, cfg.layout, "layout")
@@ -136,7 +137,7 @@ def check_config(cfg: DictConfig, processes: int | None = None) -> RunSettings:
         max_steps=coerce(plain(cfg.trainer.get("max_steps", -1)), int, "trainer.max_steps"),
         seq_len=_seq_len(cfg),
         save_distributed_checkpoint=bool(cfg.strategy.get("save_distributed_checkpoint", False)),
-        n_layers=coerce(plain(cfg.model.get("n_layers")), int, "model.n_layers"),
+        n_layers=model.n_layers,
     )
     replicas = max([settings.sequential_replicas(run) for settings in techniques.values()], default=1)
     accumulation = max([settings.min_accumulation(run) for settings in techniques.values()], default=1)
@@ -150,7 +151,7 @@ def check_config(cfg: DictConfig, processes: int | None = None) -> RunSettings:
     for settings in techniques.values():
         settings.check(run)
     return RunSettings(
-        model=settings_from_config(LlamaConfig, cfg.model, "model"),
+        model=model,
         optimizer=optimizer,
         lr_schedule=lr_schedule,
         batch=batch,
