@@ -511,7 +511,7 @@ def kernels(suite: Suite) -> Table:
     layout = f"micro {micro}, ckpt {checkpointing}, compile {compile_mode}"
     base = suite.overrides(plan.model, f"batch.global_batch_size={plan.global_batch}", f"batch.micro_batch_size={micro}",
                            f"layout.activation_checkpointing={checkpointing}", f"layout.compile={compile_mode}")  # fmt: skip
-    rows, first = [], None
+    rows = []
     for label, overrides, unavailable in kernel_variants(plan):
         row = {"variant": label, "layout": layout, "model": plan.model}
         if unavailable:
@@ -519,11 +519,16 @@ def kernels(suite: Suite) -> Table:
             continue
         run = suite.run(f"kernels: {label}", [*base, *overrides], args.steps, args.warmup)
         row.update(tokens_per_sec=run.tokens_per_sec, mfu=run.mfu, peak_memory_gb=run.peak_memory_gb, status=run.status)
-        if run.tokens_per_sec is not None:
-            first = first or run.tokens_per_sec
-            row["ratio"] = run.tokens_per_sec / first
         rows.append(row)
+    add_ratios(rows)
     return Table("kernels", KERNEL_COLUMNS, rows)
+
+
+def add_ratios(rows: list[dict[str, Any]]) -> None:
+    """Each measured row's tokens/s as a ratio against the first row that measured any."""
+    measured = [row for row in rows if row.get("tokens_per_sec") is not None]
+    for row in measured:
+        row["ratio"] = row["tokens_per_sec"] / measured[0]["tokens_per_sec"]
 
 
 # ---------------------------------------------------------------- 3. mfu
@@ -537,8 +542,7 @@ def mfu_variants(plan: Plan) -> list[tuple[str, list[str]]]:
     does not shrink with it (autocast's weight casts, the loss head's launch); FSDP2's bf16
     parameters cast the weights once per step instead of once per micro-batch; compiling the
     whole model lets Inductor fuse across blocks and into the loss."""
-    micro, checkpointing, _ = plan.kernel_layout
-    whole = plan.global_batch
+    micro, whole = plan.kernel_layout[0], plan.global_batch
     bf16_parameters = ["strategy=fsdp2", "trainer.devices=1", "layout.fsdp_mixed_precision=true"]
     return [
         (f"micro {micro}, compile blocks", [f"batch.micro_batch_size={micro}", "layout.compile=blocks"]),
@@ -559,15 +563,12 @@ def mfu(suite: Suite) -> Table:
     plan, args = suite.plan, suite.args
     base = suite.overrides(plan.model, f"batch.global_batch_size={plan.global_batch}",
                            f"layout.activation_checkpointing={plan.kernel_layout[1]}", *plan.work_kernels)  # fmt: skip
-    rows, first = [], None
+    rows = []
     for label, overrides in mfu_variants(plan):
         run = suite.run(f"mfu: {label}", [*base, *overrides], args.steps, args.warmup)
-        row = {"variant": label, "model": plan.model, "tokens_per_sec": run.tokens_per_sec, "mfu": run.mfu,
-               "hfu": run.hfu, "peak_memory_gb": run.peak_memory_gb, "status": run.status}  # fmt: skip
-        if run.tokens_per_sec is not None:
-            first = first or run.tokens_per_sec
-            row["ratio"] = run.tokens_per_sec / first
-        rows.append(row)
+        rows.append({"variant": label, "model": plan.model, "tokens_per_sec": run.tokens_per_sec, "mfu": run.mfu,
+                     "hfu": run.hfu, "peak_memory_gb": run.peak_memory_gb, "status": run.status})  # fmt: skip
+    add_ratios(rows)
     mark_best(rows, 0)
     return Table("mfu", MFU_COLUMNS, rows)
 
