@@ -13,6 +13,14 @@ inner LR as a N^b. **Intervals** come from a bootstrap over seeds: each size's s
 are resampled with replacement, the fit repeated, and the 2.5 and 97.5 percentiles of what
 it gives taken (400 resamples, a fixed generator seed, so the interval is reproducible).
 
+A prediction names the form it fitted and gives, beside that fit interval, a **prediction
+interval** for what the held-out size's runs will measure. It widens the fit interval by what
+the bootstrap does not see: the choice of form (both forms where four or more sizes allow the
+offset, and every leave-one-size-out refit over the fitted sizes that keeps three: the
+envelope of their predictions at N) and the held-out size's own seed noise (its mean over k
+judging seeds varies by t * s / sqrt(k), s the seed spread pooled over the fitted sizes). It
+is the envelope of the fit interval and the refits, widened on each side by that noise term.
+
 **The prediction** is made from the smaller sizes alone and written to a file before the
 largest size's runs are read: ``scripts/ladder.py predict`` refuses a size that is also in
 the fit, and never loads a run of the size it predicts. A ladder that holds its largest size
@@ -124,7 +132,8 @@ def bootstrap(members: list[Rung], at: float, resamples: int = BOOTSTRAP) -> tup
 
 @dataclass(frozen=True)
 class Prediction:
-    """A method's predicted loss at a size left out of its fit."""
+    """A method's predicted loss at a size left out of its fit: the fit's value, its bootstrap
+    interval (``low``, ``high``) and the prediction interval for the size's measured mean."""
 
     method: str
     model: str
@@ -136,24 +145,66 @@ class Prediction:
     fitted_on: list[str]
     #: The settings the held-out size runs with where the study extrapolated them.
     settings: list[str] = field(default_factory=list)
+    #: The prediction interval: the fit interval, the other forms and leave-one-size-out
+    #: refits, and the held-out size's seed noise (None in a prediction recorded before it existed).
+    interval_low: float | None = None
+    interval_high: float | None = None
 
     def as_dict(self) -> dict:
         return {"method": self.method, "model": self.model, "n_params": self.n_params, "predicted": self.predicted,
                 "low": self.low, "high": self.high, "form": self.form, "fitted_on": self.fitted_on,
-                "settings": self.settings}  # fmt: skip
+                "settings": self.settings, "interval_low": self.interval_low, "interval_high": self.interval_high}  # fmt: skip
 
 
-def predict(found: list[Rung], fit_sizes: list[str], model: str, n_params: int) -> list[Prediction]:
-    """Each method's loss at ``model`` (``n_params``) from its rungs at ``fit_sizes`` alone."""
+def form_of(law: PowerLaw) -> str:
+    return "A N^alpha + C" if law.offset_se is not None else "A N^alpha"
+
+
+def refits(members: list[Rung], at: float) -> list[float]:
+    """Predictions at N = ``at`` from the forms and subsets the fit could as well have been:
+    the plain power law, the offset form (four or more sizes), each on all the fitted sizes and
+    on every subset that leaves one size out and keeps ``MIN_SIZES``."""
+    subsets = [members] + [[r for r in members if r is not out] for out in members if len(members) > MIN_SIZES]
+    values = []
+    for subset in subsets:
+        n = np.array([r.n_params for r in subset], dtype=float)
+        y = np.array([r.loss for r in subset])
+        laws = [fit_power_law({"N": n}, y)]
+        if len(subset) >= 4:
+            offset = fit_power_law_offset(n, y)
+            if 0 < offset.offset < y.min():
+                laws.append(offset)
+        values += [float(law.predict(np.array([at]))[0]) for law in laws]
+    return values
+
+
+def seed_noise(members: list[Rung], seeds: int) -> float:
+    """The 95% half-width of a k-seed mean's noise: t * s / sqrt(k), s pooled over the fitted
+    sizes' seeds (t with their pooled degrees of freedom)."""
+    from analysis.study import t_quantile
+
+    squares = sum(float(np.sum((np.array(list(r.losses.values())) - r.loss) ** 2)) for r in members)
+    df = sum(len(r.losses) - 1 for r in members)
+    if df < 1:
+        return 0.0
+    return t_quantile(df) * float(np.sqrt(squares / df)) / np.sqrt(seeds)
+
+
+def predict(found: list[Rung], fit_sizes: list[str], model: str, n_params: int, seeds: int | None = None) -> list[Prediction]:
+    """Each method's loss at ``model`` (``n_params``) from its rungs at ``fit_sizes`` alone, its
+    prediction interval for a mean over ``seeds`` judging seeds (default: as many as the
+    fitted sizes had)."""
     check_sizes(found, fit_sizes, model)
     predictions = []
     for method, members in by_method(found).items():
         members = [r for r in members if r.model in fit_sizes]
         law = fit_loss(members)
         low, high = bootstrap(members, n_params)
-        form = "A N^alpha + C" if law.offset_se is not None else "A N^alpha"
-        predictions.append(Prediction(method, model, n_params, float(law.predict(np.array([n_params]))[0]), low, high, form,
-                                      [r.model for r in members]))  # fmt: skip
+        others = refits(members, n_params)
+        noise = seed_noise(members, seeds or min(len(r.losses) for r in members))
+        predictions.append(Prediction(method, model, n_params, float(law.predict(np.array([n_params]))[0]), low, high, form_of(law),
+                                      [r.model for r in members], interval_low=float(min(low, *others) - noise),
+                                      interval_high=float(max(high, *others) + noise)))  # fmt: skip
     return predictions
 
 
@@ -170,14 +221,14 @@ def run_models(dirs: list[Path]) -> dict[Path, dict]:
 
 
 def write_prediction(dirs: list[Path], target: str, n_params: int, fit_sizes: list[str] | None = None,
-                     settings: dict[str, list[str]] | None = None) -> list[Prediction]:  # fmt: skip
+                     settings: dict[str, list[str]] | None = None, seeds: int | None = None) -> list[Prediction]:  # fmt: skip
     """Predict every method's loss at ``target`` from the runs of ``fit_sizes`` (default: every
     other size the folders hold) and write it to ``dirs[0]/ladder_prediction.yaml``. Only the
     fitted sizes' runs are loaded: the target's results are never opened."""
     models = run_models(dirs)
     fit_sizes = fit_sizes or sorted({str(m.get("name")) for m in models.values()} - {target})
     found = rungs([load_run(folder) for folder, model in models.items() if model.get("name") in fit_sizes and model.get("name") != target])
-    predictions = predict(found, fit_sizes, target, n_params)  # refuses a fitted target, or too few sizes
+    predictions = predict(found, fit_sizes, target, n_params, seeds)  # refuses a fitted target, or too few sizes
     predictions = [replace(p, settings=(settings or {}).get(p.method, [])) for p in predictions]
     (dirs[0] / PREDICTION).write_text(yaml.safe_dump([p.as_dict() for p in predictions], sort_keys=False))
     return predictions

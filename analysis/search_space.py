@@ -34,6 +34,9 @@ SCALES = ("log", "linear")
 #: The most grid steps a range may extend beyond its first grid on either side (a guard
 #: against a dimension without limits whose loss keeps falling).
 MAX_EXTENSION = 16
+#: How far a joint search (``analysis/model_search.py``) reaches past the first grid on a side
+#: without a hard limit: it proposes from a fixed span, not by extending step by step.
+SEARCH_MARGIN = 2
 
 
 def format_value(value: Any) -> str:
@@ -96,6 +99,24 @@ class Range:
             return None
         return nxt
 
+    def at_hard_limit(self, index: int, direction: int) -> bool:
+        """Whether a hard limit (not the extension guard) stops the grid at ``index`` in
+        ``direction``: the next value is clamped onto this one."""
+        return self.value(index + direction) == self.value(index) and (self.min if direction < 0 else self.max) is not None
+
+    @property
+    def span(self) -> range:
+        """The indices a joint search proposes from: out to the hard limits, or ``SEARCH_MARGIN``
+        steps past the first grid on a side without one."""
+        grid = self.first_grid
+        ends = []
+        for direction, start, limit in ((-1, grid.start, self.min), (1, grid.stop - 1, self.max)):
+            index = start
+            while (nxt := self.neighbour(index, direction)) is not None and (limit is not None or abs(nxt - start) <= SEARCH_MARGIN):
+                index = nxt
+            ends.append(index)
+        return range(ends[0], ends[1] + 1)
+
     def index_of(self, text: str) -> int | None:
         """The grid index whose value an override wrote as ``text`` (None if off the grid); of
         the indices clamped onto a limit, the one nearest the first grid (the tuner's)."""
@@ -124,6 +145,8 @@ class Choice:
     @property
     def first_grid(self) -> range:
         return range(len(self.values))
+
+    span = first_grid
 
     def overrides(self, index: int) -> list[str]:
         value = self.values[index]
@@ -233,3 +256,39 @@ def describe(dimension: Dimension) -> str:
     limits = f", limits [{dimension.min if dimension.min is not None else '-inf'}, {dimension.max if dimension.max is not None else 'inf'}]"
     return f"{dimension.key} in [{values}] ({dimension.scale} x{dimension.step}{limits})"
 
+
+
+def parse_anchors(node: Any, space: SearchSpace, where: str) -> tuple[Point, ...]:
+    """Check and convert an arm's ``anchors``: points named by their settings (a searched key
+    to a grid value, or to one of a list's values), the space's centre where a key is not
+    named. Mistakes name the anchor, the key and the fix."""
+    if node is None:
+        return ()
+    if not isinstance(node, list) or not all(isinstance(a, dict) and a for a in node):
+        raise ConfigError(f"{where} must be a list of points, each mapping searched keys to values, e.g. [{{optimizer.lr: 2e-3}}].")
+    return tuple(dict.fromkeys(_anchor(anchor, space, f"{where}[{i}]") for i, anchor in enumerate(node)))
+
+
+def _anchor(settings: dict[str, Any], space: SearchSpace, where: str) -> Point:
+    by_key = {d.key: d for d in space.dimensions}
+    unknown = sorted(set(settings) - set(by_key))
+    if unknown:
+        raise ConfigError(f"{where} names {unknown}, which the arm does not search (it searches {sorted(by_key)}): drop it or search it.")
+    point = list(space.centre())
+    for axis, dimension in enumerate(space.dimensions):
+        if dimension.key not in settings:
+            continue
+        value = settings[dimension.key]
+        if isinstance(dimension, Choice):
+            index = next((i for i, v in enumerate(dimension.values) if v == value), None)
+            options = ", ".join(dimension.label(i) for i in dimension.first_grid)
+            fix = f"use one of the listed values ({options})"
+        else:
+            index = dimension.index_of(format_value(value)) if isinstance(value, int | float) and not isinstance(value, bool) else None
+            if index is not None and index not in dimension.span:
+                index = None
+            fix = f"use a grid value within the search's span ({', '.join(dimension.label(i) for i in dimension.span)})"
+        if index is None:
+            raise ConfigError(f"{where}: {dimension.key}={value!r} is not a point of the search space; {fix}.")
+        point[axis] = index
+    return tuple(point)

@@ -32,10 +32,14 @@ within the seed spread (inconclusive).
 
 A **tuned** study also declares a search space (``analysis/search_space.py``), shared
 under ``study.search`` and per arm (an arm is then ``{overrides: [...], search: {...}}``),
-and ``tuning_seeds``: the study sweeper searches each arm on the tuning seeds until its best
-setting is bracketed in every dimension (``analysis/tuner.py``), then runs each arm's
-winner on ``seeds``, the judging seeds, which must not repeat a tuning seed. Claims are
-judged on the judging runs only, so the seeds that picked a winner never judge it.
+and ``tuning_seeds``: each arm is searched on the tuning seeds (``analysis/tuner.py``) by
+``searcher`` (``gp``, the default; ``tpe``, ``random``, ``coordinate``) within its ``budget``
+of points (study-wide or per arm), ``round_size`` points a round, the searcher seeded with
+``search_seed``; an arm may name ``anchors``, points every search runs in its first round as
+controls. Then each tuned arm's winner runs on ``seeds``, the judging seeds, which must not
+repeat a tuning seed; ``seeds: {first: [2, 3, 4], max: 8}`` adds seeds in rounds while a claim
+is unresolved (``analysis/study_plan.py``). Claims are judged on the judging runs only, so the
+seeds that picked a winner never judge it.
 
 A tuned study crossed with model sizes (a ladder) may hold one size out of the search
 (``held_out: ladder_2_1m``, a value of the swept ``model``): its searched settings are not
@@ -56,15 +60,20 @@ within the seed spread. The interval is Student's t with ``min(n_arm, n_baseline
 degrees of freedom (a conservative choice for unequal variances) around the standard
 error ``sqrt(s_a^2 / n_a + s_b^2 / n_b)``; for ratios the standard error comes from the
 delta method. With a single seed in either arm there is no spread to judge against, and
-every condition is inconclusive.
+every condition is underpowered (inconclusive where it has no margin).
 
 Where both arms ran the same seeds (two or more), they started from the same weights and saw
 the same data order, so the **paired** interval decides: the per-seed differences (or
 ratios) ``arm_s - baseline_s``, their mean, and Student's t with ``n - 1`` degrees of freedom
-around their standard error; the unpaired interval is printed beside it. A claim whose arm
-(or baseline) has no finished run is **not run**; in a tuned study, a claim on an arm whose
-search has not bracketed its winner in every dimension is **not tuned**, never holds or
-fails.
+around their standard error (on the seeds both ran); the unpaired interval is printed
+beside it. Each condition also reports the smallest difference its seeds resolve (the
+interval's half-width) beside the claim's **margin**, the smallest effect it is about (the
+claim's ``margin``, else the threshold's distance from no effect): an inconclusive condition
+whose seeds cannot resolve the margin is **underpowered** (more seeds would decide it); one
+that resolves it but straddles the threshold stays **inconclusive**. A claim whose arm (or
+baseline) has no finished run is **not run**; in a tuned study, a claim on an arm that is
+not tuned (search unfinished, a dimension not bracketed, or an anchor better than the
+winner) is **not tuned**, never holds or fails.
 """
 
 import math
@@ -73,7 +82,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from analysis.runs import parse_reduction
-from analysis.search_space import Dimension, Range, SearchSpace, parse_search
+from analysis.search_space import Dimension, Range, SearchSpace, parse_anchors, parse_search
+from analysis.tuner import DEFAULT_ROUND_SIZE, DEFAULT_SEARCHER, SEARCHERS, Search
 from common.errors import ConfigError
 
 #: Two-sided 95% quantiles of Student's t by degrees of freedom (beyond 30: the normal's).
@@ -109,6 +119,10 @@ class Claim:
     select: str = "val/loss"
     #: A trend claim: the x its difference's slope is taken against (``params``: log10 N).
     trend: str | None = None
+    #: The smallest effect the claim is about, which its seeds must resolve (else it is
+    #: underpowered): by default the threshold's distance from no effect (0 for a
+    #: difference, 1 for a ratio); give it where that distance is 0 ("ends lower than").
+    margin: float | None = None
 
     @property
     def arms(self) -> list[str]:
@@ -139,8 +153,11 @@ class StudySpec:
     columns: list[str] = field(default_factory=list)
     #: The seeds the search runs on (a tuned study only).
     tuning_seeds: list[int] = field(default_factory=list)
-    #: Each tuned arm's search space (every arm, in a tuned study).
-    spaces: dict[str, SearchSpace] = field(default_factory=dict)
+    #: Each tuned arm's search (every arm, in a tuned study): space, searcher, budget, anchors.
+    searches: dict[str, Search] = field(default_factory=dict)
+    #: Judging seeds to add, round by round, until every claim is resolved: at most this
+    #: many judging seeds in all (``study.seeds: {first: [2, 3, 4], max: 8}``); None: no more.
+    max_seeds: int | None = None
     #: A tuned study's token budget rule: this many tokens per model parameter (a ladder's).
     tokens_per_parameter: float | None = None
     #: A ladder's size (``model`` preset) whose searched settings are extrapolated, not searched.
@@ -148,7 +165,11 @@ class StudySpec:
 
     @property
     def tuned(self) -> bool:
-        return bool(self.spaces)
+        return bool(self.searches)
+
+    @property
+    def spaces(self) -> dict[str, SearchSpace]:
+        return {name: search.space for name, search in self.searches.items()}
 
     @classmethod
     def from_config(cls, node: Any) -> "StudySpec":
@@ -158,15 +179,15 @@ class StudySpec:
         if not isinstance(arms, dict) or not arms:
             raise ConfigError("study.arms must map each arm's name to its list of overrides, e.g. {small: [batch.global_batch_size=16]}.")
         shared = parse_search(node.get("search"), "study.search")
-        overrides, searches = {}, {}
+        overrides, dimensions, extras = {}, {}, {}
         for name, entry in arms.items():
-            overrides[name], own = _arm(name, entry)
-            searches[name] = {**shared, **own}
-        seeds = _seeds(seeds, "study.seeds")
+            overrides[name], own, extras[name] = _arm(name, entry)
+            dimensions[name] = {**shared, **own}
+        seeds, max_seeds = _judging_seeds(seeds)
         tuning_seeds = _seeds(node.get("tuning_seeds"), "study.tuning_seeds") if node.get("tuning_seeds") is not None else []
-        spaces = {}
-        if any(searches.values()):
-            spaces = {name: _space(name, searches[name], overrides[name]) for name in arms}
+        searches = {}
+        if any(dimensions.values()):
+            searches = {name: _search(name, node, dimensions[name], overrides[name], extras[name]) for name in arms}
             if not tuning_seeds:
                 raise ConfigError("study.tuning_seeds is missing: a study with a search needs the seeds it tunes on, e.g. [1], apart from study.seeds.")
             repeated = sorted(set(tuning_seeds) & set(seeds))
@@ -174,6 +195,8 @@ class StudySpec:
                 raise ConfigError(f"study.seeds repeats the tuning seeds {repeated}: winners are judged on other seeds; e.g. tuning_seeds [1], seeds [2, 3, 4].")
         elif tuning_seeds:
             raise ConfigError("study.tuning_seeds is set but nothing is searched: add study.search (or an arm's search), or drop tuning_seeds.")
+        else:
+            _no_search_settings(node, extras)
         claims = [_claim(index, entry, arms) for index, entry in enumerate(node.get("claims") or [])]
         columns = list(node.get("columns") or [])
         for column in columns:
@@ -184,9 +207,57 @@ class StudySpec:
         per_parameter = node.get("tokens_per_parameter")
         if per_parameter is not None and (isinstance(per_parameter, bool) or not isinstance(per_parameter, int | float) or per_parameter <= 0):
             raise ConfigError(f"study.tokens_per_parameter={per_parameter!r} must be a number > 0 (or null: the config's token_budget).")
-        held_out = _held_out(node.get("held_out"), spaces)
-        return cls(arms=overrides, seeds=seeds, claims=claims, columns=columns, tuning_seeds=tuning_seeds, spaces=spaces,
-                   tokens_per_parameter=per_parameter, held_out=held_out)  # fmt: skip
+        held_out = _held_out(node.get("held_out"), {name: search.space for name, search in searches.items()})
+        return cls(arms=overrides, seeds=seeds, claims=claims, columns=columns, tuning_seeds=tuning_seeds, searches=searches,
+                   tokens_per_parameter=per_parameter, held_out=held_out, max_seeds=max_seeds)  # fmt: skip
+
+
+#: Settings of an arm's search, given for the whole study or per arm (the arm's wins).
+SEARCH_SETTINGS = ("searcher", "budget", "round_size", "search_seed")
+
+
+def _search(name: str, node: dict, dimensions: dict[str, Dimension], overrides: list[str], own: dict[str, Any]) -> Search:
+    """An arm's search from the study's settings and its own (``budget``, ``anchors``, ...)."""
+    space = _space(name, dimensions, overrides)
+    settings = {key: own[key] if key in own else node.get(key) for key in SEARCH_SETTINGS}
+    where = {key: f"study.arms.{name}.{key}" if key in own else f"study.{key}" for key in SEARCH_SETTINGS}
+    searcher = settings["searcher"] if settings["searcher"] is not None else DEFAULT_SEARCHER
+    if searcher not in SEARCHERS:
+        raise ConfigError(f"{where['searcher']}={searcher!r} is not a searcher; use one of {', '.join(SEARCHERS)} (gp is the default).")
+    anchors = parse_anchors(own.get("anchors"), space, f"study.arms.{name}.anchors") if space.dimensions else ()
+    budget, round_size, seed = settings["budget"], settings["round_size"], settings["search_seed"]
+    for key, value in (("budget", budget), ("round_size", round_size), ("search_seed", seed)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < (0 if key == "search_seed" else 1)):
+            raise ConfigError(f"{where[key]}={value!r} must be a whole number{' >= 0' if key == 'search_seed' else ' >= 1'}.")
+    if space.dimensions and budget is None and searcher != "coordinate":
+        raise ConfigError(f"study.arms.{name}: the {searcher} searcher needs a budget of tuning points (study.budget or"
+                          f" study.arms.{name}.budget), e.g. budget: {max(8, len(anchors) + 4)}.")  # fmt: skip
+    if space.dimensions and budget is not None and budget < len(anchors) + 1:
+        raise ConfigError(f"{where['budget']}={budget} leaves no point to search beside the arm's {len(anchors)} anchor(s);"
+                          f" give at least {len(anchors) + 1}.")  # fmt: skip
+    return Search(space, searcher, budget, round_size or DEFAULT_ROUND_SIZE, seed or 0, anchors)
+
+
+def _no_search_settings(node: dict, extras: dict[str, dict[str, Any]]) -> None:
+    """A study without a search must not set how one would run (a sign of a missing search)."""
+    given = [f"study.{key}" for key in SEARCH_SETTINGS if node.get(key) is not None]
+    given += [f"study.arms.{name}.{key}" for name, own in extras.items() for key in own]
+    if given:
+        raise ConfigError(f"{', '.join(given)} set, but nothing is searched: add study.search (or an arm's search), or drop them.")
+
+
+def _judging_seeds(node: Any) -> tuple[list[int], int | None]:
+    """``seeds: [2, 3, 4]``, or ``seeds: {first: [2, 3, 4], max: 8}`` to add seeds until every
+    claim is resolved."""
+    if not isinstance(node, dict):
+        return _seeds(node, "study.seeds"), None
+    unknown = set(node) - {"first", "max"}
+    if unknown or "first" not in node:
+        raise ConfigError(f"study.seeds is a list of seeds or {{first: [2, 3, 4], max: 8}}; got {node!r}.")
+    first, cap = _seeds(node["first"], "study.seeds.first"), node.get("max")
+    if isinstance(cap, bool) or not isinstance(cap, int) or cap < len(first):
+        raise ConfigError(f"study.seeds.max={cap!r} must be a whole number of judging seeds, at least the {len(first)} of study.seeds.first.")
+    return first, cap
 
 
 def _held_out(name: Any, spaces: dict[str, SearchSpace]) -> str | None:
@@ -210,20 +281,24 @@ def _seeds(seeds: Any, key: str) -> list[int]:
     return list(seeds)
 
 
-def _arm(name: str, entry: Any) -> tuple[list[str], dict[str, Dimension]]:
-    """An arm's fixed overrides and its own search: a list of overrides, or a mapping
-    ``{overrides: [...], search: {...}}``."""
+ARM_FIELDS = ("overrides", "search", "anchors", *SEARCH_SETTINGS)
+
+
+def _arm(name: str, entry: Any) -> tuple[list[str], dict[str, Dimension], dict[str, Any]]:
+    """An arm's fixed overrides, its own search and its own search settings: a list of
+    overrides, or a mapping ``{overrides: [...], search: {...}, anchors: [...], budget: N}``."""
     key = f"study.arms.{name}"
-    search = {}
+    search, settings = {}, {}
     if isinstance(entry, dict):
-        unknown = set(entry) - {"overrides", "search"}
+        unknown = set(entry) - set(ARM_FIELDS)
         if unknown:
-            raise ConfigError(f"{key}: unknown fields {sorted(unknown)}; an arm is a list of overrides or {{overrides: [...], search: {{...}}}}.")
+            raise ConfigError(f"{key}: unknown fields {sorted(unknown)}; an arm is a list of overrides or a mapping of {', '.join(ARM_FIELDS)}.")
         search = parse_search(entry.get("search"), f"{key}.search")
+        settings = {field: entry[field] for field in ("anchors", *SEARCH_SETTINGS) if entry.get(field) is not None}
         entry = entry.get("overrides") or []
     if not isinstance(entry, list) or not all(isinstance(o, str) and "=" in o for o in entry):
         raise ConfigError(f"{key} must be a list of overrides such as 'optimizer.lr=1e-3', got {entry!r}.")
-    return list(entry), search
+    return list(entry), search, settings
 
 
 def _space(name: str, search: dict[str, Dimension], overrides: list[str]) -> SearchSpace:
@@ -264,8 +339,11 @@ def _claim(index: int, entry: Any, arms: dict[str, Any]) -> Claim:
             raise ConfigError(f"{key}.trend={trend!r}: a trend claim takes one arm, one baseline and trend: params.")
         if bool(slopes) != (trend is not None) or (trend is not None and slopes != {c for v in expect.values() for c in v}):
             raise ConfigError(f"{key}: slope_at_most / slope_at_least go with trend: params, and only they.")
+        margin = entry.get("margin")
+        if margin is not None and (isinstance(margin, bool) or not isinstance(margin, int | float) or margin <= 0):
+            raise ConfigError(f"{key}.margin={margin!r} must be a number > 0: the smallest effect the claim is about.")
         claim = Claim(claim=text, arm=_one_or_list(entry["arm"]), baseline=_one_or_list(entry["baseline"]),
-                      expect=dict(expect), select=entry.get("select", "val/loss"), trend=trend)  # fmt: skip
+                      expect=dict(expect), select=entry.get("select", "val/loss"), trend=trend, margin=margin)  # fmt: skip
     for arm in claim.arms:
         if arm not in arms:
             raise ConfigError(f"{key} names {arm!r}, which is not an arm; the arms are {sorted(arms)}.")
@@ -344,13 +422,15 @@ def compare(arm: Spread, baseline: Spread, kind: str) -> Interval:
 
 
 def paired(arm: Spread, baseline: Spread, kind: str) -> Interval | None:
-    """The paired interval over per-seed differences (or ratios) ``arm_s - baseline_s``:
-    their mean and Student's t with n - 1 degrees of freedom; None unless both ran the same
-    two or more seeds."""
+    """The paired interval over per-seed differences (or ratios) ``arm_s - baseline_s`` on the
+    seeds both ran: their mean and Student's t with n - 1 degrees of freedom; None unless
+    they share two or more seeds (an arm given more seeds for another claim pairs on the
+    shared ones)."""
     a, b = arm.by_seed(), baseline.by_seed()
-    if a is None or b is None or set(a) != set(b) or len(a) < 2:
+    shared = sorted(set(a) & set(b)) if a is not None and b is not None else []
+    if len(shared) < 2:
         return None
-    per_seed = Spread(tuple(a[s] - b[s] if kind == "difference" else a[s] / b[s] for s in sorted(a)))
+    per_seed = Spread(tuple(a[s] - b[s] if kind == "difference" else a[s] / b[s] for s in shared))
     half = t_quantile(per_seed.n - 1) * per_seed.std / math.sqrt(per_seed.n)
     return Interval(kind, per_seed.mean, per_seed.mean - half, per_seed.mean + half)
 
@@ -367,17 +447,44 @@ def judge(interval: Interval, condition: str, threshold: float) -> str:
     return "inconclusive"
 
 
-NOT_RUN, NOT_TUNED = "not run", "not tuned"
+NOT_RUN, NOT_TUNED, UNDERPOWERED = "not run", "not tuned", "underpowered"
+#: Verdicts that more judging seeds could still change.
+UNRESOLVED = ("inconclusive", UNDERPOWERED)
 
 
 def combine(verdicts: list[str]) -> str:
     """A claim is not run if an arm has no run, fails if any condition fails, holds if all
-    hold, else it is inconclusive."""
+    hold, is underpowered if a condition is, else it is inconclusive."""
     if NOT_RUN in verdicts:
         return NOT_RUN
     if "fails" in verdicts:
         return "fails"
-    return "holds" if all(v == "holds" for v in verdicts) else "inconclusive"
+    if all(v == "holds" for v in verdicts):
+        return "holds"
+    return UNDERPOWERED if UNDERPOWERED in verdicts else "inconclusive"
+
+
+def margin(claim: Claim, condition: str, threshold: float) -> float:
+    """The smallest effect a condition is about: the claim's ``margin``, else the threshold's
+    distance from no effect (0 for a difference, 1 for a ratio)."""
+    if claim.margin is not None:
+        return claim.margin
+    return abs(threshold - (1.0 if condition.startswith("ratio") else 0.0))
+
+
+def resolvable(interval: Interval) -> float | None:
+    """The smallest difference the seeds resolve: the 95% interval's half-width."""
+    return None if interval.low is None else (interval.high - interval.low) / 2
+
+
+def powered(verdict: str, interval: Interval, smallest: float) -> str:
+    """An inconclusive verdict whose seeds cannot resolve the claim's margin is underpowered
+    (more seeds would decide it); one they can resolve is inconclusive (the effect sits at
+    the threshold)."""
+    half = resolvable(interval)
+    if verdict == "inconclusive" and smallest > 0 and (half is None or half > smallest):
+        return UNDERPOWERED
+    return verdict
 
 
 @dataclass(frozen=True)
@@ -389,7 +496,8 @@ class Verdict:
 
 def judge_claim(claim: Claim, groups: dict[str, dict[str, Spread]], untuned: frozenset[str] = frozenset()) -> Verdict:
     """Judge a claim on the groups' spreads (arm -> metric -> Spread); a claim on an arm in
-    ``untuned`` (a tuned study's arm whose search is not finished) is not tuned."""
+    ``untuned`` (a tuned study's arm whose search is not finished or not bracketed, or whose
+    winner an anchor beat) is not tuned."""
     if claim.front:
         return judge_front(claim, groups)
     arm_name, baseline_name = best(claim.arm, claim.select, groups), best(claim.baseline, claim.select, groups)
@@ -410,11 +518,15 @@ def judge_claim(claim: Claim, groups: dict[str, dict[str, Spread]], untuned: fro
             unpaired, pair = compare(arm, baseline, kind), paired(arm, baseline, kind)
             symbol = "<=" if condition.endswith("at_most") else ">="
             intervals = f"paired {pair}, unpaired {unpaired}" if pair else str(unpaired)
-            measured.append(f"{metric} {kind} {intervals} (want {symbol} {threshold:g}; n={arm.n}/{baseline.n})")
-            verdicts.append(judge(pair or unpaired, condition, float(threshold)))
+            used, smallest = pair or unpaired, margin(claim, condition, float(threshold))
+            half = resolvable(used)
+            power = f"resolves ±{half:.3g}" if half is not None else "resolves nothing (one seed)"
+            measured.append(f"{metric} {kind} {intervals} (want {symbol} {threshold:g}; n={arm.n}/{baseline.n}; {power},"
+                            f" margin {smallest:g})")  # fmt: skip
+            verdicts.append(powered(judge(used, condition, float(threshold)), used, smallest))
     not_tuned = sorted({arm_name, baseline_name} & untuned)
     if not_tuned:
-        measured.append(f"{', '.join(not_tuned)} not bracketed in every dimension")
+        measured.append(f"{', '.join(not_tuned)} not tuned (see the tuning table)")
         return Verdict(claim, measured, NOT_TUNED)
     return Verdict(claim, measured, combine(verdicts))
 

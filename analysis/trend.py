@@ -2,10 +2,12 @@
 
 A trend claim (``trend: params`` in a study's claim) compares ``arm`` with ``baseline`` at
 every model size the study was crossed with (a ladder): at each size and judging seed the
-paired difference ``arm_s - baseline_s``, then the least-squares line of those differences
-against log10 N (N: the model's parameter count). The claim is judged on the slope's 95%
-interval, Student's t with n - 2 degrees of freedom (n: the (size, seed) points), the same
-way as a difference (``analysis/study.py``): ``slope_at_most: 0`` holds when the whole
+paired difference ``arm_s - baseline_s``, their mean per size, then the least-squares line
+of those per-size means against log10 N (N: the model's parameter count). Seeds of one size
+share its model and settings, so they are not independent points of the line: the slope's
+95% interval is Student's t with sizes - 2 degrees of freedom, its spread the per-size
+means' scatter about the line (which holds their seed noise). The claim is judged on it the
+same way as a difference (``analysis/study.py``): ``slope_at_most: 0`` holds when the whole
 interval is at or below 0 (the gap shrinks, or at least does not grow, with N).
 """
 
@@ -27,11 +29,15 @@ class TrendPoint:
 
 
 def slope(points: list[TrendPoint]) -> Interval:
-    """The slope of difference against log10 N, with its 95% interval (None with fewer than
-    3 points or a single size: no spread to judge against)."""
-    xs, ys = [math.log10(p.n_params) for p in points], [p.difference for p in points]
-    n = len(points)
-    if n < 2 or len(set(xs)) < 2:
+    """The slope of the per-size mean difference against log10 N, with its 95% interval
+    (None with fewer than 3 sizes: no scatter to judge against)."""
+    by_size: dict[float, list[float]] = {}
+    for p in points:
+        by_size.setdefault(p.n_params, []).append(p.difference)
+    xs = [math.log10(n) for n in sorted(by_size)]
+    ys = [sum(by_size[n]) / len(by_size[n]) for n in sorted(by_size)]
+    n = len(xs)
+    if n < 2:
         return Interval("slope", float("nan"), None, None)
     mx, my = sum(xs) / n, sum(ys) / n
     sxx = sum((x - mx) ** 2 for x in xs)
@@ -54,8 +60,8 @@ def judge_trend(claim: Claim, points: list[TrendPoint], untuned: frozenset[str] 
         for condition, threshold in conditions.items():
             symbol = "<=" if condition.endswith("at_most") else ">="
             measured.append(f"{metric} difference: slope per decade of N {interval} (want {symbol} {threshold:g};"
-                            f" {len(points)} points over {sizes} sizes)")  # fmt: skip
+                            f" per-size means of {len(points)} seeds over {sizes} sizes, {max(sizes - 2, 0)} degrees of freedom)")  # fmt: skip
             verdicts.append(judge(interval, condition, float(threshold)))
     if {claim.arm, claim.baseline} & untuned:
-        return Verdict(claim, [*measured, "not bracketed in every dimension at every size"], NOT_TUNED)
+        return Verdict(claim, [*measured, "not tuned at every size (see the tuning table)"], NOT_TUNED)
     return Verdict(claim, measured, combine(verdicts))

@@ -1,116 +1,127 @@
-"""The bracketing tuner: search each arm until its best setting is bracketed in every dimension.
+"""An arm's search: which searcher proposes its points, and what its results say.
 
-The rule, on the tuning seeds (each point's loss is its mean over them):
+A tuned study searches each arm (``analysis/study.py``) with one searcher, ``study.searcher``:
 
-1. **First design.** The centre of the space (the middle of each dimension's first grid) and,
-   for every dimension, each value of its first grid with the other dimensions at the centre.
-2. **Then, round after round,** the incumbent is the best point so far. Along every range
-   dimension its two grid neighbours must have run: where the incumbent sits on the edge of
-   what was tried, that is one grid step beyond it (the grid is extended), unless a hard limit
-   is in the way; along every list dimension each value must have run with the incumbent's
-   other settings. The points still missing are the next round.
-3. **Done** when a round has nothing to run: the incumbent is then a grid optimum along every
-   dimension, each range either bracketed (both neighbours ran and are no better) or at a hard
-   limit, each list fully tried with the winner's other settings.
+- ``gp`` (the default), ``tpe``, ``random``: the joint search (``analysis/model_search.py``),
+  Optuna's samplers over every dimension at once, ``round_size`` points a round, until the
+  arm's ``budget`` of points has run;
+- ``coordinate``: the coordinate rule (``analysis/coordinate_search.py``), until the winner is
+  bracketed along every dimension (or the budget, if one is set, has run).
 
-This is a coordinate-wise search, so it costs a few runs per dimension instead of the full
-product of the grids (5 dimensions of 3-5 values: about 15-25 runs against 270); it finds a
-grid optimum along each axis, which on the smooth, single-valley loss surfaces of learning
-rates and intervals is the optimum a full grid would find. Everything here is a pure function
-of the results so far, so a resumed study proposes the same jobs in the same order.
+Whatever the searcher, a search is a pure function of its results (point -> mean loss over
+the tuning seeds) and its seed, and the same rules judge it:
+
+- the **winner** is the best point the searcher chose itself (a NaN, a diverged run, is the
+  worst; ties go to the smallest indices), so anchors stay controls;
+- each dimension's **status**: ``bracketed`` (the winner has run points on both sides, for
+  the coordinate rule its two grid neighbours at its other settings), ``at limit`` (a hard
+  limit on the open side), ``all tried`` (a list, every value run) or ``not bracketed``
+  (including a winner stopped by the extension guard or the span's margin rather than a hard
+  limit: the loss may fall further beyond it);
+- the **regret check**: every anchor must end no lower than the winner on the tuning seeds;
+  an anchor that beats it means the search missed a known point of its own space;
+- **tuned** = nothing left to run, every dimension bracketed, at a limit or all tried, and no
+  anchor beating the winner. A claim on an arm that is not tuned is not judged.
 """
 
 from dataclasses import dataclass
+from functools import cached_property
 
+from analysis.coordinate_search import ALL_TRIED, AT_LIMIT, BRACKETED, NOT_BRACKETED, TUNED, incumbent, loss_key, own_points, proposals, status
+from analysis.model_search import SAMPLERS, replay
 from analysis.search_space import Choice, Point, Range, SearchSpace
 
-BRACKETED, AT_LIMIT, NOT_BRACKETED, ALL_TRIED = "bracketed", "at limit", "not bracketed", "all tried"
-#: Dimension statuses that count as tuned.
-TUNED = (BRACKETED, AT_LIMIT, ALL_TRIED)
+SEARCHERS = (*SAMPLERS, "coordinate")
+DEFAULT_SEARCHER = "gp"
+#: Points a joint search proposes at once (``study.round_size``): one per worker and more.
+DEFAULT_ROUND_SIZE = 4
+
+__all__ = ["ALL_TRIED", "AT_LIMIT", "BRACKETED", "NOT_BRACKETED", "Search", "Tuning"]
 
 
-def first_design(space: SearchSpace) -> list[Point]:
-    """The centre and, for each dimension, its first grid with the others at the centre
-    (nothing for an arm that searches nothing: it has one setting, judged as it is)."""
-    if not space.dimensions:
-        return []
-    centre = space.centre()
-    points = [centre]
-    for axis, dimension in enumerate(space.dimensions):
-        points += [_moved(centre, axis, index) for index in dimension.first_grid]
-    return list(dict.fromkeys(points))
+@dataclass(frozen=True)
+class Search:
+    """How one arm is searched: its space, searcher, budget (points, each run on every
+    tuning seed; None only for the coordinate rule, which stops when bracketed), round size,
+    the searcher's seed and the anchors every search runs in its first round."""
 
-
-def _moved(point: Point, axis: int, index: int) -> Point:
-    return (*point[:axis], index, *point[axis + 1 :])
-
-
-def incumbent(results: dict[Point, float]) -> Point:
-    """The best point: lowest loss (a NaN, a diverged run, counts as the worst), ties broken by
-    the smallest indices so that the choice never depends on the order results came in."""
-    return min(results, key=lambda p: (_loss(results[p]), p))
-
-
-def _loss(value: float) -> float:
-    return float("inf") if value != value else value
-
-
-def line(space: SearchSpace, point: Point, axis: int) -> list[Point]:
-    """The points that bracket ``point`` along one dimension: its two grid neighbours for a
-    range (fewer at a hard limit), every other value for a list."""
-    dimension = space.dimensions[axis]
-    if isinstance(dimension, Choice):
-        return [_moved(point, axis, index) for index in dimension.first_grid if index != point[axis]]
-    neighbours = (dimension.neighbour(point[axis], direction) for direction in (-1, 1))
-    return [_moved(point, axis, index) for index in neighbours if index is not None]
-
-
-def proposals(space: SearchSpace, results: dict[Point, float]) -> list[Point]:
-    """The points to run next: what the first design or the incumbent's lines still lack."""
-    wanted = first_design(space)
-    if results:
-        best = incumbent(results)
-        wanted += [p for axis in range(len(space.dimensions)) for p in line(space, best, axis)]
-    return [p for p in dict.fromkeys(wanted) if p not in results]
-
-
-def status(space: SearchSpace, results: dict[Point, float], axis: int) -> str:
-    """Whether the incumbent is tuned along one dimension: bracketed, at limit (a hard limit on
-    one side), all tried (a list), or not bracketed (a neighbour has not run yet)."""
-    best = incumbent(results)
-    dimension = space.dimensions[axis]
-    if any(p not in results for p in line(space, best, axis)):
-        return NOT_BRACKETED
-    if isinstance(dimension, Choice):
-        return ALL_TRIED
-    assert isinstance(dimension, Range)
-    at_limit = any(dimension.neighbour(best[axis], direction) is None for direction in (-1, 1))
-    return AT_LIMIT if at_limit else BRACKETED
+    space: SearchSpace
+    searcher: str = DEFAULT_SEARCHER
+    budget: int | None = None
+    round_size: int = DEFAULT_ROUND_SIZE
+    seed: int = 0
+    anchors: tuple[Point, ...] = ()
 
 
 @dataclass(frozen=True)
 class Tuning:
-    """One arm's search as it stands: the results, the winner, each dimension's status."""
+    """One arm's search as it stands: the results, the next points, the winner, each
+    dimension's status and the regret check."""
 
-    space: SearchSpace
+    search: Search
     results: dict[Point, float]
 
     @property
+    def space(self) -> SearchSpace:
+        return self.search.space
+
+    @cached_property
+    def _plan(self) -> tuple[list[Point], frozenset[Point]]:
+        search, results = self.search, self.results
+        if search.searcher == "coordinate":
+            pending = proposals(search.space, results, search.anchors)
+            if search.budget is not None:
+                pending = pending[: max(0, search.budget - len(results))]
+            return pending, own_points(search.space, results, search.anchors)
+        found = replay(search.space, search.searcher, search.seed, search.budget, search.round_size, search.anchors, results)
+        return found.pending, found.own
+
+    @property
+    def pending(self) -> list[Point]:
+        """The points to run next (empty when the search is over)."""
+        return self._plan[0] if self.space.dimensions else []
+
+    @property
     def winner(self) -> Point | None:
-        """The best point so far (None before any ran; an arm that searches nothing has one)."""
+        """The best of the searcher's own points so far (None before any ran; an arm that
+        searches nothing has one setting)."""
         if not self.space.dimensions:
             return ()
-        return incumbent(self.results) if self.results else None
+        own = {p: self.results[p] for p in self._plan[1] if p in self.results}
+        return incumbent(own) if own else None
 
     @property
     def statuses(self) -> dict[str, str]:
-        if self.winner is None:
+        best = self.winner
+        if best is None:
             return {d.key: NOT_BRACKETED for d in self.space.dimensions}
-        return {d.key: status(self.space, self.results, axis) for axis, d in enumerate(self.space.dimensions)}
+        return {d.key: self._status(best, axis) for axis, d in enumerate(self.space.dimensions)}
+
+    def _status(self, best: Point, axis: int) -> str:
+        if self.search.searcher == "coordinate":
+            return status(self.space, self.results, best, axis)
+        dimension, tried = self.space.dimensions[axis], {p[axis] for p in self.results}
+        if isinstance(dimension, Choice):
+            return ALL_TRIED if tried >= set(dimension.span) else NOT_BRACKETED
+        assert isinstance(dimension, Range)
+        here = best[axis]
+        sides = [(direction, any((i - here) * direction > 0 for i in tried)) for direction in (-1, 1)]
+        if all(explored for _, explored in sides):
+            return BRACKETED
+        open_sides = [direction for direction, explored in sides if not explored]
+        edge = [here == (dimension.span.start if d < 0 else dimension.span.stop - 1) and dimension.at_hard_limit(here, d) for d in open_sides]
+        return AT_LIMIT if all(edge) else NOT_BRACKETED
+
+    @property
+    def beaten_by(self) -> list[tuple[Point, float]]:
+        """The anchors that ended lower than the winner (with their losses): the regret check."""
+        best = self.winner
+        if best is None or not self.space.dimensions:
+            return []
+        bar = loss_key(self.results[best])
+        return [(a, self.results[a]) for a in self.search.anchors if a in self.results and loss_key(self.results[a]) < bar]
 
     @property
     def tuned(self) -> bool:
-        """Bracketed (or at a limit, or fully tried) in every dimension, with nothing left to run."""
-        return self.winner is not None and not proposals(self.space, self.results) and all(
-            s in TUNED for s in self.statuses.values()
-        )
+        """Nothing left to run, every dimension tuned, no anchor better than the winner."""
+        return self.winner is not None and not self.pending and all(s in TUNED for s in self.statuses.values()) and not self.beaten_by

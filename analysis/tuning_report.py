@@ -2,8 +2,9 @@
 
 Each arm's tuning runs (``study.phase=tune``, finished) are placed on its search space by
 their overrides; a point counts once every tuning seed finished, at the mean of ``select``
-over them. The tuner's own rule (``analysis/tuner.py``) then names the winner and the status
-of each dimension, so the report and the sweeper can never disagree on them.
+over them. The search's own rules (``analysis/tuner.py``) then name the winner, the status
+of each dimension and the anchors that beat it, so the report and the sweeper can never
+disagree on them.
 """
 
 import textwrap
@@ -37,7 +38,7 @@ def tunings(spec: StudySpec, runs: list[Run], select: str = "val/loss") -> dict[
     for (arm, crossing), by_point in by_search.items():
         results = {p: sum(v[s] for s in spec.tuning_seeds) / len(spec.tuning_seeds)
                    for p, v in by_point.items() if set(spec.tuning_seeds) <= set(v)}  # fmt: skip
-        found[(arm, labels[crossing])] = Tuning(spec.spaces[arm], results)
+        found[(arm, labels[crossing])] = Tuning(spec.searches[arm], results)
     return found
 
 
@@ -56,20 +57,41 @@ def distinct_crossings(crossings: list[tuple[str, ...]]) -> dict[tuple[str, ...]
 
 
 def tuning_table(found: dict[tuple[str, str], Tuning]) -> str:
-    """Per search: runs, the winner's settings and loss, each dimension's status."""
-    lines = ["| arm | points run | winner | tuning loss | dimensions |", "|---|---|---|---|---|"]
+    """Per search: the searcher and points run, the winner's settings and loss, each
+    dimension's status, the anchors' losses and the verdict of the regret check."""
+    lines = ["| arm | searcher | points run | winner | tuning loss | dimensions | anchors | tuned |", "|---|---|---|---|---|---|---|---|"]
     for (name, crossing), tuning in found.items():
-        arm = f"{name} {crossing}".strip()
+        arm, search = f"{name} {crossing}".strip(), tuning.search
+        budget = f" (budget {search.budget})" if search.budget is not None else ""
         if tuning.winner is None:
-            lines.append(f"| {arm} | 0 | - | - | not run |")
+            lines.append(f"| {arm} | {search.searcher}{budget} | {len(tuning.results)} | - | - | not run | - | no |")
             continue
         settings = ", ".join(f"{k}={v}" for k, v in tuning.space.labels(tuning.winner).items()) or "(nothing searched)"
         statuses = ", ".join(f"{k.split('.')[-1]}: {s}" for k, s in tuning.statuses.items()) or "-"
         loss = tuning.results.get(tuning.winner)
-        lines.append(f"| {arm} | {len(tuning.results)} | {settings} | {'-' if loss is None else f'{loss:.4f}'} | {statuses} |")
+        anchors = "; ".join(f"{_short(tuning, a)}: {tuning.results[a]:.4f}" if a in tuning.results else f"{_short(tuning, a)}: not run"
+                            for a in search.anchors) or "-"  # fmt: skip
+        lines.append(f"| {arm} | {search.searcher}{budget} | {len(tuning.results)} | {settings} | {'-' if loss is None else f'{loss:.4f}'}"
+                     f" | {statuses} | {anchors} | {_tuned(tuning)} |")  # fmt: skip
     spaces = {name: tuning.space for (name, _), tuning in found.items() if tuning.space.dimensions}
     lines.append("\nFirst grids: " + "; ".join(f"{name}: {', '.join(map(describe, space.dimensions))}" for name, space in spaces.items()))
     return "\n".join(lines)
+
+
+def _short(tuning: Tuning, point: tuple[int, ...]) -> str:
+    return ", ".join(f"{k.split('.')[-1]}={v}" for k, v in tuning.space.labels(point).items())
+
+
+def _tuned(tuning: Tuning) -> str:
+    """yes, or why not: points left, a dimension not bracketed, an anchor that beat the winner."""
+    if tuning.tuned:
+        return "yes"
+    if tuning.pending:
+        return f"no: {len(tuning.pending)} point(s) to run"
+    if tuning.beaten_by:
+        best = min(loss for _, loss in tuning.beaten_by)
+        return f"no: an anchor beat the winner by {tuning.results[tuning.winner] - best:.4f}"
+    return "no: not bracketed"
 
 
 def tuning_figures(found: dict[tuple[str, str], Tuning], out: Path, select: str = "val/loss") -> list[Path]:

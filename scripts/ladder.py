@@ -82,17 +82,19 @@ def do_predict(args: argparse.Namespace) -> None:
         raise ConfigError(f"{args.dirs[0] / PREDICTION} exists: a prediction is recorded once, before its size is read; move it away to predict again.")
     predictions = write_prediction(args.dirs, target, n_params, args.sizes)
     for p in predictions:
-        print(f"{p.method} at {target} (N = {n_params:,}): {p.predicted:.4f} [{p.low:.4f}, {p.high:.4f}]"
-              f" from {p.form} on {', '.join(p.fitted_on)}")  # fmt: skip
+        print(f"{p.method} at {target} (N = {n_params:,}): {p.predicted:.4f}, fit [{p.low:.4f}, {p.high:.4f}], prediction"
+              f" interval [{p.interval_low:.4f}, {p.interval_high:.4f}], from {p.form} on {', '.join(p.fitted_on)}")  # fmt: skip
     print(f"wrote {args.dirs[0] / PREDICTION}", file=sys.stderr)
 
 
 def prediction_table(predictions: list[Prediction], measured: dict[tuple[str, str], list[float]]) -> str:
-    lines = ["| method | size | N | runs with | predicted (95% interval) | measured (mean ± std over seeds) | relative error |",
-             "|---|---|---|---|---|---|---|"]  # fmt: skip
+    lines = ["| method | size | N | runs with | form | predicted (fit's 95% interval) | prediction interval |"
+             " measured (mean ± std over seeds) | relative error |", "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for p in predictions:
         values = measured.get((p.method, p.model))
-        row = f"| {p.method} | {p.model} | {p.n_params:,} | {' '.join(p.settings) or 'its own search'} | {p.predicted:.4f} [{p.low:.4f}, {p.high:.4f}]"
+        interval = "not recorded" if p.interval_low is None else f"[{p.interval_low:.4f}, {p.interval_high:.4f}]"
+        row = (f"| {p.method} | {p.model} | {p.n_params:,} | {' '.join(p.settings) or 'its own search'} | {p.form}"
+               f" | {p.predicted:.4f} [{p.low:.4f}, {p.high:.4f}] | {interval}")
         if not values:
             lines.append(f"{row} | not run | - |")
             continue

@@ -79,11 +79,33 @@ def test_the_prediction_brackets_the_held_out_size_and_ignores_it() -> None:
         predict(members, SIZES[:2], SIZES[4], N[4])
 
 
-def test_the_trend_slope_and_interval_equal_scipys_regression() -> None:
-    points = [TrendPoint(n, s, 0.05 - 0.01 * math.log10(n) + 0.002 * s) for n in N for s in (2, 3)]
+def test_the_prediction_interval_holds_the_other_forms_the_refits_and_the_seed_noise() -> None:
+    generator = np.random.default_rng(1)
+    members = [rung(name, n, {s: law(n) + generator.normal(0, 0.01) for s in (2, 3)}) for name, n in zip(SIZES[:4], N[:4])]
+    (prediction,) = predict(members, SIZES[:4], SIZES[4], N[4], seeds=2)
+    assert prediction.form == "A N^alpha + C"
+    # Written out here: the plain law on all four sizes and on each three-size subset (the
+    # offset form needs four), and the offset form on all four.
+    def plain(subset):
+        slope_, intercept = np.polyfit(np.log([r.n_params for r in subset]), np.log([r.loss for r in subset]), 1)
+        return math.exp(intercept + slope_ * math.log(N[4]))
+
+    candidates = [plain(members)] + [plain([r for r in members if r is not out]) for out in members]
+    candidates.append(fit_loss(members).predict(np.array([N[4]]))[0])
+    residuals = [v - r.loss for r in members for v in r.losses.values()]
+    noise = stats.t.ppf(0.975, 4) * math.sqrt(sum(e * e for e in residuals) / 4) / math.sqrt(2)
+    low, high = min(prediction.low, *candidates) - noise, max(prediction.high, *candidates) + noise
+    assert (prediction.interval_low, prediction.interval_high) == pytest.approx((low, high), rel=1e-5)  # t from a 3-digit table
+    assert prediction.interval_low < prediction.low and prediction.interval_high > prediction.high
+
+
+def test_the_trend_slope_and_interval_equal_scipys_regression_on_per_size_means() -> None:
+    scatter = dict(zip(N, (0.001, -0.0015, 0.0005, 0.002, -0.001)))
+    points = [TrendPoint(n, s, 0.05 - 0.01 * math.log10(n) + scatter[n] + 0.002 * s) for n in N for s in (2, 3)]
     interval = slope(points)
-    fit = stats.linregress([math.log10(p.n_params) for p in points], [p.difference for p in points])
-    half = stats.t.ppf(0.975, len(points) - 2) * fit.stderr
+    means = [np.mean([p.difference for p in points if p.n_params == n]) for n in N]
+    fit = stats.linregress(np.log10(N), means)  # 5 sizes: 3 degrees of freedom, not the 8 of 10 points
+    half = stats.t.ppf(0.975, len(N) - 2) * fit.stderr
     assert (interval.value, interval.low, interval.high) == pytest.approx((fit.slope, fit.slope - half, fit.slope + half), rel=1e-3)
     preset = OmegaConf.load(REPO / "conf" / "sweep" / "scaling_ladder.yaml")
     spec = StudySpec.from_config(OmegaConf.to_container(preset.study))

@@ -17,7 +17,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from analysis.search_space import SearchSpace, format_value
 from analysis.study import StudySpec
-from analysis.tuner import first_design
+from analysis.coordinate_search import first_design
 from hydra_plugins.study_sweeper.study_sweeper import study_jobs
 from launch.run_settings import check_config
 from lightning_modules.llama import default_mlp_hidden
@@ -68,12 +68,13 @@ def preset_jobs(preset: str) -> list[list[str]]:
     spec = StudySpec.from_config(OmegaConf.to_container(cfg.study))
     if spec.tuned:
         return [[*spec.arms[arm], *spec.spaces[arm].overrides(point), f"study.arm={arm}"]
-                for arm in spec.arms for point in searched_points(spec.spaces[arm])]  # fmt: skip
+                for arm in spec.arms for point in [*searched_points(spec.spaces[arm]), *spec.searches[arm].anchors]]  # fmt: skip
     return study_jobs(spec, base)
 
 
 def searched_points(space: SearchSpace) -> list[tuple[int, ...]]:
-    """A tuned arm's first round, and its centre with each range at each of its hard limits."""
+    """A tuned arm's first design, and its centre with each range at each of its hard limits
+    (the anchors are added beside them)."""
     points, centre = first_design(space), space.centre()
     for axis, dimension in enumerate(space.dimensions):
         for limit in (getattr(dimension, "min", None), getattr(dimension, "max", None)):
@@ -92,7 +93,8 @@ def test_every_job_of_the_preset_composes_and_passes_the_config_checks(preset: s
 
 def test_presets_cover_the_research_questions() -> None:
     assert {"batch_schedules", "seqlen_lr", "diloco_recipe", "layout", "model_ladder", "tiny_ladder", "optuna_lr"} <= set(PRESETS)
-    assert compose_train(["+sweep=optuna_lr"]).hydra.sweeper._target_.endswith("OptunaSweeper")
+    optuna = compose_train(["+sweep=optuna_lr"])
+    assert optuna.hydra.sweeper._target_.endswith("StudySweeper") and optuna.study.searcher == "gp"
 
 
 def sweep_jobs(tmp_path: Path, cache: Path, overrides: list[str]) -> list[dict]:

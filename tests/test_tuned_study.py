@@ -60,7 +60,7 @@ def test_the_report_reads_the_search_back_and_judges_on_the_judging_seeds_only(s
     result = subprocess.run(["python", str(REPO / "scripts" / "report.py"), str(folder), "--out", str(tmp_path)],
                             capture_output=True, text=True, cwd=REPO)  # fmt: skip
     assert result.returncode == 0, result.stderr
-    assert "| tuned | 3 | optimizer.lr=0.016 |" in result.stdout and "lr: at limit" in result.stdout
+    assert "| tuned | coordinate | 3 | optimizer.lr=0.016 |" in result.stdout and "lr: at limit" in result.stdout
     assert (tmp_path / "tuning_optimizer_lr.png").read_bytes().startswith(b"\x89PNG")
 
 

@@ -1,4 +1,4 @@
-"""The bracketing tuner and its search spaces, against brute force over the grid, and the
+"""The coordinate rule and its search spaces, against brute force over the grid, and the
 paired interval and the tuned study's verdicts against formulas written out here (scipy)."""
 
 import itertools
@@ -10,7 +10,8 @@ from scipy import stats
 
 from analysis.search_space import Choice, Range, SearchSpace, parse_search
 from analysis.study import NOT_RUN, NOT_TUNED, Spread, StudySpec, judge_claim, paired
-from analysis.tuner import AT_LIMIT, BRACKETED, NOT_BRACKETED, Tuning, first_design, proposals
+from analysis.coordinate_search import AT_LIMIT, BRACKETED, NOT_BRACKETED, first_design
+from analysis.tuner import Search, Tuning
 from common.errors import ConfigError
 
 
@@ -18,9 +19,9 @@ def search(space: SearchSpace, loss) -> Tuning:
     """Run the tuner to the end against a loss function of the point's values."""
     results = {}
     for _ in range(100):
-        wanted = proposals(space, results)
+        wanted = Tuning(Search(space, "coordinate"), results).pending
         if not wanted:
-            return Tuning(space, results)
+            return Tuning(Search(space, "coordinate"), results)
         for point in wanted:
             results[point] = loss(space.labels(point))
     raise AssertionError("the tuner did not stop")
@@ -94,7 +95,7 @@ def test_a_run_s_overrides_map_back_to_its_point() -> None:
 
 def test_an_unfinished_search_is_not_bracketed() -> None:
     space = SearchSpace((LR,))
-    tuning = Tuning(space, {(1,): 1.0, (0,): 2.0, (2,): 0.5})  # best on the edge, 8e-3 not run yet
+    tuning = Tuning(Search(space, "coordinate"), {(1,): 1.0, (0,): 2.0, (2,): 0.5})  # best on the edge, 8e-3 not run yet
     assert tuning.statuses == {"optimizer.lr": NOT_BRACKETED} and not tuning.tuned
 
 
@@ -117,7 +118,7 @@ def test_bad_search_spaces_name_the_key_and_the_fix(spec, message) -> None:
 
 
 def tuned_spec(**study) -> StudySpec:
-    node = {"arms": {"dp": [], "diloco": {"overrides": ["+technique=diloco"], "search": {"technique.diloco.outer_lr": {"low": 0.2, "high": 0.8}}}},
+    node = {"searcher": "coordinate", "arms": {"dp": [], "diloco": {"overrides": ["+technique=diloco"], "search": {"technique.diloco.outer_lr": {"low": 0.2, "high": 0.8}}}},
             "search": {"optimizer.lr": {"low": 1e-3, "high": 4e-3}}, "tuning_seeds": [1], "seeds": [2, 3],
             "claims": [{"arm": "diloco", "baseline": "dp", "expect": {"val/loss": {"difference_at_most": 0.0}}}]}  # fmt: skip
     return StudySpec.from_config({**node, **study})
@@ -149,8 +150,12 @@ def test_the_paired_interval_equals_scipys_on_the_per_seed_differences() -> None
     d = np.subtract(arm, base)
     low, high = stats.t.interval(0.95, len(d) - 1, loc=d.mean(), scale=stats.sem(d))
     assert (interval.value, interval.low, interval.high) == pytest.approx((d.mean(), low, high), rel=1e-3)
-    # Pairing needs the same seeds on both sides.
-    assert paired(Spread(arm, (1, 2, 3, 4)), Spread(base, (1, 2, 3, 5)), "difference") is None
+    # Pairing takes the seeds both sides ran (an arm may have more for another claim).
+    shared = paired(Spread(arm, (1, 2, 3, 4)), Spread(base, (1, 2, 3, 5)), "difference")
+    d3 = d[:3]
+    low, high = stats.t.interval(0.95, 2, loc=d3.mean(), scale=stats.sem(d3))
+    assert (shared.value, shared.low, shared.high) == pytest.approx((d3.mean(), low, high), rel=1e-3)
+    assert paired(Spread(arm, (1, 2, 3, 4)), Spread(base, (1, 5, 6, 7)), "difference") is None
     assert paired(Spread(arm), Spread(base), "difference") is None
 
 

@@ -14,29 +14,26 @@ that sets ``seed=...`` itself runs once, with that seed (branches of one seed's 
 overrides as in the whole study, so more seeds of a study's best arms, run into another
 folder, group with its runs in the report.
 
-A tuned study (one with a search, ``analysis/tuner.py``) runs in rounds: each round is every
-arm's next points on the tuning seeds (``++study.phase=tune``), launched as one batch (arms
-crossed with swept values, such as a ladder's model sizes, are searched each on its own); the
-next round is planned from the finished jobs' ``finished.yaml``. When no arm has a point
-left, each arm's winner runs on the judging seeds (``++study.phase=judge``). A ladder's
-held-out size (``study.held_out``) is not searched: once every other size is judged, its
-settings are fitted to their winners as a N^b, its loss prediction is written to
-``ladder_prediction.yaml`` (``analysis/ladder.py``), and only then does it train, on the
-judging seeds (``++study.phase=held_out``). The plan is a
-pure function of the results, so the same command replays the finished rounds (their jobs
-are skipped) and continues where it stopped, and a second worker started with it runs the
-same rounds: a job that the other worker holds is waited for at the end of the round (and
-run here if that worker died). A tuned study's job runs in the folder given to its overrides
-before, else in the next unused number (``job_folders``, kept in ``job_folders.yaml``): a
-study that gains an arm keeps every job where it is, started or only planned. A plain study's jobs are numbered by position, and
-a folder that holds a finished run of other overrides stops the sweep before any job starts.
+A tuned study (one with a search, ``analysis/tuner.py``) runs in rounds that its plan
+(``analysis/study_plan.py``, a pure function of the finished jobs) lays out: the searches'
+points on the tuning seeds (``++study.phase=tune``), then each tuned arm's winner on the
+judging seeds (``++study.phase=judge``, with more seeds in rounds where the preset asks for
+them), then a ladder's held-out size (``++study.phase=held_out``), whose loss prediction is
+written to ``ladder_prediction.yaml`` (``analysis/ladder.py``) before it trains. This sweeper
+is the loop around the plan: it launches a round as one batch, records each job's final
+metrics from its ``finished.yaml`` and asks for the next. So the same command replays the
+finished rounds (their jobs are skipped) and continues where it stopped, and a second worker
+started with it runs the same rounds: a job that the other worker holds is waited for at the
+end of the round (and run here if that worker died). A tuned study's job runs in the folder
+given to its overrides before, else in the next unused number (``job_folders``, kept in
+``job_folders.yaml``): a study that gains an arm keeps every job where it is, started or only
+planned. A plain study's jobs are numbered by position, and a folder that holds a finished
+run of other overrides stops the sweep before any job starts.
 """
 
 import fcntl
 import logging
 import time
-from collections import defaultdict
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -48,14 +45,12 @@ from hydra.core.utils import JobReturn
 from omegaconf import OmegaConf
 
 from analysis.runs import recorded_overrides
-from analysis.search_space import Point
 from analysis.study import StudySpec
-from analysis.tuner import Tuning, proposals
+from analysis.study_plan import StudyPlan, TunedJob
 from common.errors import ConfigError
 from launch.sweep_jobs import LOCK, MARKER, lock_is_live
 
 log = logging.getLogger(__name__)
-PHASE = "++study.phase"
 #: Seconds between two looks at a job another worker is training.
 POLL_S = 5.0
 
@@ -134,83 +129,6 @@ def study_jobs(spec: StudySpec, base_jobs: list[list[str]]) -> list[list[str]]:
     return jobs
 
 
-@dataclass(frozen=True)
-class TunedJob:
-    """One job of a tuned study: an arm at a point of its space, on one seed, in one base job
-    (the command line's, or one of the values it crosses the study with)."""
-
-    base: int
-    arm: str
-    point: Point | None  # None: a held-out size, at ``settings``
-    seed: int
-    phase: str  # tune | judge | held_out
-    settings: tuple[str, ...] = ()
-
-
-class TunedStudy:
-    """The rounds of a tuned study: what to run next given the finished jobs' losses. Each
-    (base job, arm) is searched on its own: a ladder's sizes each get their own tuning."""
-
-    def __init__(self, spec: StudySpec, bases: list[tuple[list[str], list[str]]], held_out: int | None = None,
-                 sizes: list[int] | None = None) -> None:  # fmt: skip
-        self.spec, self.bases = spec, bases  # per base job: its overrides and the arms it runs
-        self.held_out, self.sizes = held_out, sizes  # the held-out base job; every base's parameter count
-        self.losses: dict[tuple[int, str, Point], dict[int, float]] = defaultdict(dict)
-        self.stage = "tune"  # tune -> judge -> done (the held-out round, if any, comes with done)
-        self.select = spec.claims[0].select if spec.claims else "val/loss"
-
-    @property
-    def searches(self) -> list[tuple[int, str]]:
-        return [(base, arm) for base, (_, arms) in enumerate(self.bases) if base != self.held_out for arm in arms]
-
-    def tuning(self, base: int, arm: str) -> Tuning:
-        """The search so far: each point whose every tuning seed finished, at its mean."""
-        results = {}
-        for (b, name, point), by_seed in self.losses.items():
-            if (b, name) == (base, arm) and set(self.spec.tuning_seeds) <= set(by_seed):
-                values = [by_seed[s] for s in self.spec.tuning_seeds]
-                results[point] = sum(values) / len(values)
-        return Tuning(self.spec.spaces[arm], results)
-
-    def next_round(self) -> list[TunedJob]:
-        """Every search's missing points on every tuning seed; once none is left, the winners
-        on the judging seeds; then the held-out size, if any (and then nothing)."""
-        jobs = [TunedJob(base, arm, point, seed, "tune") for base, arm in self.searches
-                for point in proposals(self.spec.spaces[arm], self.tuning(base, arm).results)
-                for seed in self.spec.tuning_seeds]  # fmt: skip
-        if jobs or self.stage == "done":
-            return jobs
-        if self.stage == "tune":
-            self.stage = "judge"
-            return [TunedJob(base, arm, self.tuning(base, arm).winner, seed, "judge")
-                    for base, arm in self.searches for seed in self.spec.seeds]  # fmt: skip
-        self.stage = "done"
-        return self.held_out_jobs() if self.held_out is not None else []
-
-    def held_out_jobs(self) -> list[TunedJob]:
-        """The held-out size's arms on the judging seeds, each at its settings fitted over the
-        searched sizes' winners."""
-        from analysis.ladder import HELD_OUT, held_out_settings  # numpy and a fit: only for a ladder
-
-        jobs = []
-        for arm in self.bases[self.held_out][1]:
-            winners = [(self.sizes[base], self.tuning(base, arm).winner) for base, name in self.searches if name == arm]
-            settings = tuple(held_out_settings(self.spec.spaces[arm], winners, self.sizes[self.held_out]))
-            jobs += [TunedJob(self.held_out, arm, None, seed, HELD_OUT, settings) for seed in self.spec.seeds]
-        return jobs
-
-    def overrides(self, job: TunedJob) -> list[str]:
-        base = self.bases[job.base][0]
-        given = {_key(o) for o in base}
-        fixed = [o for o in self.spec.arms[job.arm] if _key(o) not in given]
-        point = list(job.settings) if job.point is None else self.spec.spaces[job.arm].overrides(job.point)
-        return [*base, *fixed, *point, f"study.arm={job.arm}", f"{PHASE}={job.phase}", f"seed={job.seed}"]
-
-    def record(self, job: TunedJob, metrics: dict[str, float]) -> None:
-        if job.phase == "tune":
-            self.losses[(job.base, job.arm, job.point)][job.seed] = float(metrics.get(self.select, float("nan")))
-
-
 class StudySweeper(BasicSweeper):
     """The basic sweeper, with each job crossed with the study's arms and seeds; a tuned
     study runs in rounds."""
@@ -241,11 +159,12 @@ class StudySweeper(BasicSweeper):
         budgeted = spec.tokens_per_parameter is not None and any("token_budget" not in {_key(o) for o in base} for base, _ in bases)
         sizes = [self._parameters(base) for base, _ in bases] if budgeted or spec.held_out else None
         held_out = self._held_out_base(spec, [base for base, _ in bases])
-        study = TunedStudy(spec, [(self._with_budget(spec, base, size), arms) for (base, arms), size in zip(bases, sizes or [None] * len(bases))],
-                           held_out, sizes)  # fmt: skip
+        study = StudyPlan(spec, [(self._with_budget(spec, base, size), arms) for (base, arms), size in zip(bases, sizes or [None] * len(bases))],
+                          held_out, sizes)  # fmt: skip
         self._check_arms(spec)
         self._check_search(study)
         sweep_dir = Path(self.config.hydra.sweep.dir)
+        self._check_seed_cap(spec, sweep_dir)
         sweep_dir.mkdir(parents=True, exist_ok=True)
         OmegaConf.save(self.config, sweep_dir / "multirun.yaml")
         returns = []
@@ -303,7 +222,7 @@ class StudySweeper(BasicSweeper):
                               f" least {MIN_SIZES}: add sizes to model=..., or drop study.held_out.")  # fmt: skip
         return models.index(spec.held_out)
 
-    def _predict_held_out(self, study: TunedStudy, jobs: list[TunedJob], sweep_dir: Path) -> None:
+    def _predict_held_out(self, study: StudyPlan, jobs: list[TunedJob], sweep_dir: Path) -> None:
         """Write the held-out size's loss prediction from the judged sizes before it trains
         (kept if a worker wrote it already: the held-out runs may have started since)."""
         from analysis.ladder import PREDICTION, write_prediction
@@ -313,10 +232,12 @@ class StudySweeper(BasicSweeper):
             if (sweep_dir / PREDICTION).is_file():
                 return
             settings = {job.arm: list(job.settings) for job in jobs}
-            predictions = write_prediction([sweep_dir], study.spec.held_out, study.sizes[study.held_out], settings=settings)
+            predictions = write_prediction([sweep_dir], study.spec.held_out, study.sizes[study.held_out], settings=settings,
+                                           seeds=len(study.spec.seeds))  # fmt: skip
         for p in predictions:
-            log.info("held-out %s at %s: predicted %.4f [%.4f, %.4f] from %s; runs with %s", p.method, p.model, p.predicted,
-                     p.low, p.high, ", ".join(p.fitted_on), " ".join(p.settings))  # fmt: skip
+            log.info("held-out %s at %s: predicted %.4f (fit [%.4f, %.4f], prediction interval [%.4f, %.4f]) from %s on %s; runs with %s",
+                     p.method, p.model, p.predicted, p.low, p.high, p.interval_low, p.interval_high, p.form, ", ".join(p.fitted_on),
+                     " ".join(p.settings))  # fmt: skip
 
     def _metrics(self, result: JobReturn, overrides: list[str], number: int) -> dict[str, float]:
         """The job's final metrics from its ``finished.yaml``; a job another worker holds is
@@ -339,7 +260,22 @@ class StudySweeper(BasicSweeper):
         for overrides in spec.arms.values():
             parser.parse_overrides(overrides)
 
-    def _check_search(self, study: TunedStudy) -> None:
+    @staticmethod
+    def _check_seed_cap(spec: StudySpec, sweep_dir: Path) -> None:
+        """A cap on judging seeds below those this study's folder already judged on is a
+        mistake (the runs would be ignored): one line before any job starts."""
+        if spec.max_seeds is None or not sweep_dir.is_dir():
+            return
+        judged = set()
+        for folder in sweep_dir.iterdir():
+            overrides = recorded_overrides(folder) if folder.name.isdigit() and (folder / MARKER).is_file() else None
+            if overrides and "++study.phase=judge" in overrides:
+                judged |= {o.split("=", 1)[1] for o in overrides if _key(o) == "seed"}
+        if len(judged) > spec.max_seeds:
+            raise ConfigError(f"study.seeds.max={spec.max_seeds} is below the {len(judged)} judging seeds this study already ran"
+                              f" ({', '.join(sorted(judged, key=int))}); raise it to at least {len(judged)}.")  # fmt: skip
+
+    def _check_search(self, study: StudyPlan) -> None:
         """Every searched setting must exist in its arm's config (composed without the search),
         so a misspelt key is one line before any job starts."""
         missing = object()

@@ -1,0 +1,191 @@
+"""The joint search: Optuna's samplers proposing points of a study's space in rounds.
+
+The coordinate rule (``analysis/coordinate_search.py``) moves one setting at a time, so it
+stops on a ridge where settings act together (an outer LR and its momentum: the outer step
+scales about as lr / (1 - momentum)) once no single-axis neighbour is better. A model of the
+whole surface does not: Optuna's Gaussian-process sampler (``gp``, the default), its
+multivariate TPE (``tpe``) or plain random sampling (``random``, the benchmark's floor) propose
+points over every dimension at once, through the ask/tell interface, from a fixed span of
+each range's grid (``Range.span``: to the hard limits, or ``SEARCH_MARGIN`` steps past the
+first grid where none is given).
+
+A search is a pure function of its results and its seed: every call replays the rounds into
+a fresh in-memory study (no database), in the same order, telling each point its mean loss
+over the tuning seeds, so a resumed study, or a second worker, proposes the same points.
+
+- **Rounds.** The first round is the arm's anchors (points every search runs, as controls)
+  and as many sampled points as fill ``round_size``; each later round asks ``round_size``
+  points with the earlier ones told (the samplers see the round's open points, so they
+  spread). A round is proposed whole, so workers stay busy; the next is planned only when
+  every point of this one has finished. The search ends when ``budget`` points have run.
+- **Repeats cost nothing.** A sampled point that already has a result is told it again and
+  another is asked (it still counts as the searcher's own choice); a point already open in
+  the round is refused and re-asked; after ``MAX_REPEATS`` repeats in a row the searcher takes
+  a random point not yet run, from its seeded generator.
+- **Diverged runs** (a NaN loss) are told the worst finite loss so far plus one nat, so the
+  model learns to avoid them without a spike that flattens the rest of the surface.
+- **Own points.** The winner is picked among the points the sampler chose itself; an anchor
+  it never chose stays a control, which is what lets the regret check
+  (``analysis/tuner.py``) say the search fell short of a known point.
+
+The model is fitted in one thread (results then never depend on the machine's thread count,
+which would let two workers disagree on a round). A process keeps the study as each round was
+asked (``_ASKED``, keyed by the rounds told before it), so replaying a long search fits the
+model only for the rounds it has not asked yet; a copy continues exactly as the replay from
+scratch would, since it is the state that replay reaches.
+"""
+
+import contextlib
+import copy
+import math
+import random
+from collections import OrderedDict
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from analysis.search_space import Choice, Point, SearchSpace
+
+SAMPLERS = ("gp", "tpe", "random")
+#: Sampled repeats of a run (or open) point in a row before a random unrun point is taken.
+MAX_REPEATS = 20
+#: Tries at drawing an unrun point at random before the search calls the space exhausted.
+MAX_DRAWS = 10_000
+#: Rounds kept as asked (the newest), to resume a replay from.
+CACHED_ROUNDS = 512
+_ASKED: "OrderedDict[tuple, Any]" = OrderedDict()
+
+
+@dataclass(frozen=True)
+class Replay:
+    """A joint search replayed over its results: the points to run next (empty when the
+    budget is spent) and the points the sampler chose itself."""
+
+    pending: list[Point]
+    own: frozenset[Point]
+
+
+@contextlib.contextmanager
+def _one_thread() -> Iterator[None]:
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _sampler(name: str, seed: int, startup: int):
+    import optuna
+
+    if name == "gp":
+        return optuna.samplers.GPSampler(seed=seed, n_startup_trials=startup)
+    if name == "tpe":
+        return optuna.samplers.TPESampler(seed=seed, n_startup_trials=startup, multivariate=True, group=True, constant_liar=True)
+    return optuna.samplers.RandomSampler(seed=seed)
+
+
+def _distributions(space: SearchSpace) -> dict:
+    from optuna.distributions import CategoricalDistribution, IntDistribution
+
+    return {f"x{axis}": CategoricalDistribution(tuple(d.span)) if isinstance(d, Choice) else IntDistribution(d.span.start, d.span.stop - 1)
+            for axis, d in enumerate(space.dimensions)}  # fmt: skip
+
+
+def _params(point: Point) -> dict[str, int]:
+    return {f"x{axis}": index for axis, index in enumerate(point)}
+
+
+def replay(space: SearchSpace, sampler: str, seed: int, budget: int, round_size: int, anchors: tuple[Point, ...],
+           results: dict[Point, float]) -> Replay:  # fmt: skip
+    """The search's rounds replayed over ``results`` (point -> mean loss over the tuning seeds)."""
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    told_rounds: tuple = ()  # the rounds told so far: what the next one was asked after
+    with _one_thread():
+        state = _start(space, sampler, seed, round_size)
+        while state["spent"] < budget:
+            key = (repr(space), sampler, seed, budget, round_size, anchors, told_rounds)
+            if key not in _ASKED:
+                _ASKED[key] = copy.deepcopy(_ask_round(state, space, budget, round_size, anchors))
+                while len(_ASKED) > CACHED_ROUNDS:
+                    _ASKED.popitem(last=False)
+            state = copy.deepcopy(_ASKED[key])
+            batch = state["batch"]
+            pending = [point for _, point in batch if point not in results]
+            if pending or not batch:
+                return Replay(pending, frozenset(state["own"]))
+            for number, point in batch:
+                state["study"].tell(number, _told_value(results[point], state["told"]))
+                state["told"][point] = results[point]
+            state["spent"] += len(batch)
+            told_rounds += (tuple((point, results[point]) for _, point in batch),)
+    return Replay([], frozenset(state["own"]))
+
+
+def forget_asked_rounds() -> None:
+    """Drop the rounds kept as asked: the next replay starts from scratch."""
+    _ASKED.clear()
+
+
+def _start(space: SearchSpace, sampler: str, seed: int, round_size: int) -> dict[str, Any]:
+    """A fresh search: its study, told points, own points, points spent, random draws."""
+    import optuna
+
+    study = optuna.create_study(direction="minimize", sampler=_sampler(sampler, seed, round_size))
+    return {"study": study, "told": {}, "own": set(), "spent": 0, "draws": random.Random(seed), "batch": []}
+
+
+def _ask_round(state: dict[str, Any], space: SearchSpace, budget: int, round_size: int, anchors: tuple[Point, ...]) -> dict[str, Any]:
+    """The next round asked (the anchors first in the first round): ``state['batch']`` holds
+    each point with its trial's number."""
+    study, distributions, batch = state["study"], _distributions(space), []
+    for anchor in anchors if state["spent"] == 0 else ():
+        study.enqueue_trial(_params(anchor))
+        batch.append((study.ask(distributions), anchor))
+    size = min(max(round_size, len(batch)), budget - state["spent"])
+    while len(batch) < size:
+        found = _ask(study, distributions, state["told"], {p for _, p in batch}, state["own"], space, state["draws"])
+        if found is None:
+            break  # every point of the space has run
+        batch.append(found)
+    state["batch"] = [(trial.number, point) for trial, point in batch]
+    return state
+
+
+def _ask(study, distributions: dict, told: dict[Point, float], open_points: set[Point], own: set[Point],
+         space: SearchSpace, draws: random.Random):  # fmt: skip
+    """The sampler's next new point (repeats told or refused on the way), or a random unrun one."""
+    from optuna.trial import TrialState
+
+    for _ in range(MAX_REPEATS):
+        trial = study.ask(distributions)
+        point = tuple(trial.params[f"x{axis}"] for axis in range(len(space.dimensions)))
+        if point in told:
+            study.tell(trial, _told_value(told[point], told))
+            own.add(point)
+        elif point in open_points:
+            study.tell(trial, state=TrialState.FAIL)
+        else:
+            own.add(point)
+            return trial, point
+    spans = [d.span for d in space.dimensions]
+    for _ in range(MAX_DRAWS):
+        point = tuple(draws.choice(span) for span in spans)
+        if point not in told and point not in open_points:
+            study.enqueue_trial(_params(point))
+            own.add(point)
+            return study.ask(distributions), point
+    return None
+
+
+def _told_value(loss: float, told: dict[Point, float]) -> float:
+    """The loss as the sampler sees it: a NaN (a diverged run) as the worst finite loss so far
+    plus one nat (or 1e3 before any finite loss)."""
+    if not math.isnan(loss):
+        return loss
+    finite = [v for v in told.values() if not math.isnan(v)]
+    return max(finite) + 1.0 if finite else 1e3

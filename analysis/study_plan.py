@@ -1,0 +1,178 @@
+"""A tuned study's plan: the next round of jobs, a pure function of the finished ones.
+
+The study sweeper (``hydra_plugins/study_sweeper``) only runs what this says: it asks for a
+round, launches it, records each job's final metrics, and asks again until the round is
+empty. Everything here is decided from those records and the preset, never from what the
+sweeper did before, so a resumed study (or a second worker) plans the same rounds.
+
+The phases, each starting once the one before has nothing left:
+
+1. **tune**: every (base job, arm) search's pending points (``analysis/tuner.py``) on every
+   tuning seed;
+2. **judge**: each tuned arm's winner on the judging seeds (an arm whose search is not tuned,
+   say an anchor beat its winner, is not judged). With ``study.seeds: {first: [...], max: N}``
+   more seeds follow in rounds while a claim is unresolved (inconclusive or underpowered)
+   and fewer than N seeds ran: as many as the claim's spread says it needs to resolve its
+   margin (at least one, at most up to N), numbered on from the largest seed the study uses;
+3. **held out**: a ladder's held-out size, at settings fitted over the other sizes' winners,
+   on the first judging seeds.
+"""
+
+import math
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+from analysis.search_space import Point
+from analysis.study import UNRESOLVED, Claim, Spread, StudySpec, best, judge_claim, margin, paired, resolvable
+from analysis.tuner import Tuning
+
+TUNE, JUDGE = "tune", "judge"
+
+
+@dataclass(frozen=True)
+class TunedJob:
+    """One job of a tuned study: an arm at a point of its space, on one seed, in one base job
+    (the command line's, or one of the values it crosses the study with)."""
+
+    base: int
+    arm: str
+    point: Point | None  # None: a held-out size, at ``settings``
+    seed: int
+    phase: str  # tune | judge | held_out
+    settings: tuple[str, ...] = ()
+
+
+def _key(override: str) -> str:
+    return override.split("=", 1)[0].lstrip("+~")
+
+
+@dataclass
+class StudyPlan:
+    """The study's searches (each base job crossed with its arms; a held-out base is not
+    searched) and the rounds they lead to."""
+
+    spec: StudySpec
+    bases: list[tuple[list[str], list[str]]]  # per base job: its overrides and the arms it runs
+    held_out: int | None = None  # the held-out base job
+    sizes: list[int] | None = None  # every base's parameter count (a ladder's)
+    #: The final metrics of each finished job.
+    finished: dict[TunedJob, dict[str, float]] = field(default_factory=dict)
+
+    @property
+    def select(self) -> str:
+        return self.spec.claims[0].select if self.spec.claims else "val/loss"
+
+    @property
+    def searches(self) -> list[tuple[int, str]]:
+        return [(base, arm) for base, (_, arms) in enumerate(self.bases) if base != self.held_out for arm in arms]
+
+    def record(self, job: TunedJob, metrics: dict[str, float]) -> None:
+        self.finished[job] = dict(metrics)
+
+    def tuning(self, base: int, arm: str) -> Tuning:
+        """The search so far: each point whose every tuning seed finished, at its mean."""
+        by_point: dict[Point, dict[int, float]] = defaultdict(dict)
+        for job, metrics in self.finished.items():
+            if job.phase == TUNE and (job.base, job.arm) == (base, arm):
+                by_point[job.point][job.seed] = float(metrics.get(self.select, math.nan))
+        seeds = self.spec.tuning_seeds
+        results = {p: sum(v[s] for s in seeds) / len(seeds) for p, v in by_point.items() if set(seeds) <= set(v)}
+        return Tuning(self.spec.searches[arm], results)
+
+    def next_round(self) -> list[TunedJob]:
+        """The jobs to run next (those not finished yet); empty when the study is done."""
+        tunings = {search: self.tuning(*search) for search in self.searches}
+        for phase in (self._tune_round, self._judge_round, self._held_out_round):  # each only once the one before is done
+            if waiting := [job for job in phase(tunings) if job not in self.finished]:
+                return waiting
+        return []
+
+    def _tune_round(self, tunings: dict[tuple[int, str], Tuning]) -> list[TunedJob]:
+        return [TunedJob(base, arm, point, seed, TUNE) for (base, arm), tuning in tunings.items()
+                for point in tuning.pending for seed in self.spec.tuning_seeds]  # fmt: skip
+
+    def judged(self, tunings: dict[tuple[int, str], Tuning]) -> list[tuple[int, str, Point]]:
+        """The searches whose winner is judged: the tuned ones."""
+        return [(base, arm, tuning.winner) for (base, arm), tuning in tunings.items() if tuning.tuned]
+
+    def _judge_round(self, tunings: dict[tuple[int, str], Tuning]) -> list[TunedJob]:
+        judged = self.judged(tunings)
+        seeds = list(self.spec.seeds)
+        while True:
+            jobs = [TunedJob(base, arm, point, seed, JUDGE) for base, arm, point in judged for seed in seeds]
+            if any(job not in self.finished for job in jobs) or self.spec.max_seeds is None:
+                return jobs
+            wanted = self.seeds_wanted(judged, seeds)
+            if wanted <= len(seeds):
+                return jobs
+            seeds += self._more_seeds(seeds, wanted - len(seeds))
+
+    def seeds_wanted(self, judged: list[tuple[int, str, Point]], seeds: list[int]) -> int:
+        """How many judging seeds the unresolved claims need (at most ``max_seeds``): for each,
+        the count whose 95% half-width would reach the claim's distance from its threshold (or
+        its margin, where that is larger), from the paired spread so far."""
+        wanted = len(seeds)
+        for base in sorted({base for base, _, _ in judged}):
+            groups = self._groups(base, judged, seeds)
+            for claim in self.spec.claims:
+                if claim.front or claim.trend:
+                    continue
+                verdict = judge_claim(claim, groups)
+                if verdict.verdict in UNRESOLVED:
+                    wanted = max(wanted, self._needed(claim, groups, len(seeds)))
+        return min(wanted, self.spec.max_seeds or len(seeds))
+
+    def _groups(self, base: int, judged: list[tuple[int, str, Point]], seeds: list[int]) -> dict[str, dict[str, Spread]]:
+        groups = {}
+        for b, arm, point in judged:
+            if b != base:
+                continue
+            runs = {seed: self.finished[TunedJob(b, arm, point, seed, JUDGE)] for seed in seeds}
+            metrics = {m for values in runs.values() for m in values}
+            groups[arm] = {m: Spread(tuple(runs[s][m] for s in seeds if m in runs[s]), tuple(s for s in seeds if m in runs[s]))
+                           for m in metrics}  # fmt: skip
+        return groups
+
+    def _needed(self, claim: Claim, groups: dict[str, dict[str, Spread]], n: int) -> int:
+        """Seeds for the claim's paired interval to exclude its threshold: the half-width falls
+        about as 1 / sqrt(n), so n * (half-width / distance)^2, the distance being the measured
+        difference's from the threshold (the margin where they coincide); one more at least,
+        the cap where no spread is known."""
+        arm, baseline = best(claim.arm, claim.select, groups), best(claim.baseline, claim.select, groups)
+        needed = n + 1
+        for metric, conditions in claim.expect.items():
+            ours, theirs = groups.get(arm, {}).get(metric), groups.get(baseline, {}).get(metric)
+            for condition, threshold in conditions.items():
+                interval = paired(ours, theirs, condition.split("_")[0]) if ours and theirs else None
+                half = resolvable(interval) if interval else None
+                if not half:
+                    return self.spec.max_seeds or n
+                distance = abs(interval.value - float(threshold)) or margin(claim, condition, float(threshold))
+                needed = max(needed, math.ceil(n * (half / distance) ** 2) if distance > 0 else self.spec.max_seeds or n)
+        return needed
+
+    def _more_seeds(self, seeds: list[int], count: int) -> list[int]:
+        start = max([*self.spec.tuning_seeds, *seeds]) + 1
+        return list(range(start, start + count))
+
+    def _held_out_round(self, tunings: dict[tuple[int, str], Tuning]) -> list[TunedJob]:
+        """The held-out size's arms on the first judging seeds, each at its settings fitted over
+        the searched sizes' winners."""
+        if self.held_out is None:
+            return []
+        from analysis.ladder import HELD_OUT, held_out_settings  # numpy and a fit: only for a ladder
+
+        jobs = []
+        for arm in self.bases[self.held_out][1]:
+            winners = [(self.sizes[base], tunings[(base, name)].winner) for base, name in self.searches if name == arm]
+            settings = tuple(held_out_settings(self.spec.spaces[arm], winners, self.sizes[self.held_out]))
+            jobs += [TunedJob(self.held_out, arm, None, seed, HELD_OUT, settings) for seed in self.spec.seeds]
+        return jobs
+
+    def overrides(self, job: TunedJob) -> list[str]:
+        """A job's overrides: its base job's, its arm's fixed ones, its point's, the study's."""
+        base = self.bases[job.base][0]
+        given = {_key(o) for o in base}
+        fixed = [o for o in self.spec.arms[job.arm] if _key(o) not in given]
+        point = list(job.settings) if job.point is None else self.spec.spaces[job.arm].overrides(job.point)
+        return [*base, *fixed, *point, f"study.arm={job.arm}", f"++study.phase={job.phase}", f"seed={job.seed}"]

@@ -1,0 +1,140 @@
+"""Synthetic loss surfaces with the shapes tuned studies meet, and a search run against one.
+
+Each surface is a noise-free loss over a study's search space plus seeded Gaussian noise of
+``NOISE`` nats (the seed spread measured between runs of the default model: about 0.01), so
+a searcher sees what it would see in a study and the benchmark can still score the point it
+picks by its true loss:
+
+- ``bowl``: separable, every setting with its own optimum (the coordinate rule's best case);
+- ``outer ridge``: DiLoCo's outer step scales about as lr / (1 - momentum), so the loss
+  depends on that ratio and the best momentum is 0 (the identity outer step won the last
+  study), while a search started at Nesterov 0.9 finds a ridge point first;
+- ``lr x batch``: the best LR grows linearly with the batch (the linear scaling rule) and the
+  loss prefers small batches at a fixed token budget: a diagonal valley.
+
+The DiLoCo surfaces use the ``m2`` arm's search of ``conf/sweep/diloco_tuned.yaml`` (its
+space, budget, round size and anchors); the LR x batch surface a two-setting space of its own
+with ``LR_BATCH_BUDGET`` points.
+"""
+
+import math
+import random
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from omegaconf import OmegaConf
+
+from analysis.search_space import Point, SearchSpace, parse_search
+from analysis.study import StudySpec
+from analysis.tuner import Search, Tuning
+
+REPO = Path(__file__).resolve().parents[1]
+PRESET = REPO / "conf" / "sweep" / "diloco_tuned.yaml"
+#: The seed spread of a final val/loss (nats), the noise each evaluation gets.
+NOISE = 0.01
+#: Within this much of the grid optimum's loss (nats), a searcher has found it.
+TOLERANCE = 0.005
+LR_BATCH_BUDGET = 12
+
+
+@dataclass(frozen=True)
+class Surface:
+    name: str
+    search: Search
+    loss: Callable[[dict[str, str]], float]  # the search's labels of a point -> noise-free loss
+
+    def true_loss(self, point: Point) -> float:
+        return self.loss(self.search.space.labels(point))
+
+    def optimum(self) -> float:
+        """The grid optimum over the whole span (brute force)."""
+        spans = [d.span for d in self.search.space.dimensions]
+        best = math.inf
+        for point in _product(spans):
+            best = min(best, self.true_loss(point))
+        return best
+
+
+def _product(spans: list[range]):
+    if not spans:
+        yield ()
+        return
+    for index in spans[0]:
+        for rest in _product(spans[1:]):
+            yield (index, *rest)
+
+
+def diloco_search() -> Search:
+    """The ``m2`` arm's search as the DiLoCo study declares it."""
+    node = OmegaConf.to_container(OmegaConf.load(PRESET).study, resolve=True)
+    return StudySpec.from_config(node).searches["m2"]
+
+
+def _outer(labels: dict[str, str]) -> tuple[float, float, bool]:
+    optimizer = dict(part.split("=") for part in labels["technique.diloco.outer_optimizer"].split(","))
+    return float(labels["technique.diloco.outer_lr"]), float(optimizer["momentum"]), optimizer["nesterov"] == "true"
+
+
+def bowl(labels: dict[str, str]) -> float:
+    lr, h = float(labels["optimizer.lr"]), float(labels["technique.diloco.sync_every"])
+    outer_lr, momentum, nesterov = _outer(labels)
+    optimizer = {(0.0, False): 0.02, (0.9, True): 0.01, (0.9, False): 0.0, (0.5, True): 0.015}[(momentum, nesterov)]
+    return 1.5 + 0.02 * math.log2(lr / 4e-3) ** 2 + 0.02 * math.log2(outer_lr / 0.35) ** 2 + optimizer + 0.03 * math.log(h / 30, 3) ** 2
+
+
+def outer_ridge(labels: dict[str, str]) -> float:
+    lr, h = float(labels["optimizer.lr"]), float(labels["technique.diloco.sync_every"])
+    outer_lr, momentum, nesterov = _outer(labels)
+    step = outer_lr / (1 - momentum)
+    return 1.5 + 0.02 * math.log2(lr / 1e-3) ** 2 + 0.05 * math.log2(step / 1.41) ** 2 + 0.03 * math.log(h / 30, 3) ** 2 + 0.03 * momentum
+
+
+def lr_batch(labels: dict[str, str]) -> float:
+    lr, batch = float(labels["optimizer.lr"]), float(labels["batch.global_batch_size"])
+    best_lr = 2e-3 * batch / 16
+    return 1.5 + 0.05 * math.log2(lr / best_lr) ** 2 + 0.015 * math.log2(batch / 16) ** 2
+
+
+def lr_batch_search(searcher: str) -> Search:
+    dimensions = parse_search({"optimizer.lr": {"low": 4e-3, "high": 1.6e-2, "scale": "log", "step": 2, "min": 1e-3, "max": 6.4e-2},
+                               "batch.global_batch_size": {"low": 32, "high": 128, "scale": "log", "step": 2, "min": 4, "max": 256}},
+                              "lr x batch")  # fmt: skip
+    return Search(SearchSpace(tuple(dimensions.values())), searcher, LR_BATCH_BUDGET)
+
+
+def surfaces(searcher: str, seed: int) -> list[Surface]:
+    diloco = replace(diloco_search(), searcher=searcher, seed=seed)
+    return [Surface("bowl", diloco, bowl), Surface("outer ridge", diloco, outer_ridge),
+            Surface("lr x batch", replace(lr_batch_search(searcher), seed=seed), lr_batch)]  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Trace:
+    """A search against a surface: after each round, the runs so far, the best true loss
+    among the points run, and the true loss of the point the searcher would pick."""
+
+    rounds: list[tuple[int, float, float]]
+
+    def runs_to_reach(self, target: float) -> int | None:
+        """The runs after which a point within ``target`` had run (None: never)."""
+        return next((runs for runs, best, _ in self.rounds if best <= target + 1e-12), None)
+
+    def winner_at(self, runs: int) -> float:
+        """The true loss of the winner after the last round that ended within ``runs``."""
+        return [winner for done, _, winner in self.rounds if done <= runs][-1]
+
+
+def run_search(surface: Surface, noise_seed: int) -> Trace:
+    """The search to its end, each point evaluated once with seeded noise."""
+    noise = random.Random(noise_seed)
+    results: dict[Point, float] = {}
+    rounds = []
+    while pending := Tuning(surface.search, dict(results)).pending:
+        for point in pending:
+            results[point] = surface.true_loss(point) + noise.gauss(0.0, NOISE)
+        winner = Tuning(surface.search, dict(results)).winner  # None while only anchors ran
+        rounds.append((len(results), min(surface.true_loss(p) for p in results), math.inf if winner is None else surface.true_loss(winner)))
+    return Trace(rounds)
+
+

@@ -1,0 +1,110 @@
+"""A tuned study's plan: the same rounds from the same finished jobs whoever asks, arms whose
+search is not tuned are not judged, judging seeds are added until the claims are resolved,
+and an underpowered claim is reported as such (intervals against scipy's)."""
+
+import math
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from analysis.study import UNDERPOWERED, Spread, StudySpec, judge_claim
+from analysis.study_plan import JUDGE, TUNE, StudyPlan, TunedJob
+from common.errors import ConfigError
+
+LR_SEARCH = {"optimizer.lr": {"low": 1e-3, "high": 4e-3, "scale": "log", "step": 2, "min": 2.5e-4, "max": 3.2e-2}}
+
+
+def spec(**study) -> StudySpec:
+    node = {"searcher": "gp", "budget": 4, "round_size": 2, "tuning_seeds": [1], "seeds": {"first": [2, 3], "max": 6},
+            "search": LR_SEARCH, "arms": {"base": [], "other": {"overrides": ["optimizer.beta2=0.95"], "anchors": [{"optimizer.lr": 1e-3}]}},
+            "claims": [{"arm": "other", "baseline": "base", "expect": {"val/loss": {"difference_at_most": 0.01}}}]}  # fmt: skip
+    return StudySpec.from_config({**node, **study})
+
+
+def tune_loss(job: TunedJob) -> float:
+    lr = 1e-3 * 2.0 ** job.point[0]
+    return 2.0 + 0.05 * math.log2(lr / 4e-3) ** 2 + (0.02 if job.arm == "other" else 0.0)
+
+
+def play(plan: StudyPlan, judge_loss, rounds: int = 50) -> list[list[TunedJob]]:
+    """The study to its end: each round's jobs, each finished with its loss."""
+    played = []
+    for _ in range(rounds):
+        jobs = plan.next_round()
+        if not jobs:
+            return played
+        played.append(jobs)
+        for job in jobs:
+            plan.record(job, {"val/loss": tune_loss(job) if job.phase == TUNE else judge_loss(job)})
+    raise AssertionError("the plan did not end")
+
+
+def test_two_workers_plan_the_same_rounds_from_the_same_finished_jobs() -> None:
+    first = StudyPlan(spec(), [([], ["base", "other"])])
+    rounds = play(first, lambda job: 2.0 + 0.001 * job.seed)
+    assert [job.phase for job in rounds[0]] == [TUNE] * 4 and rounds[0][2].point == (0,)  # other's anchor (1e-3) first
+    # A second worker that starts late reads the same finished jobs in another order.
+    for cut in range(len(rounds)):
+        done = [job for r in rounds[:cut] for job in r]
+        late = StudyPlan(spec(), [([], ["base", "other"])])
+        for job in reversed(done):
+            late.record(job, first.finished[job])
+        assert late.next_round() == rounds[cut]
+
+
+def test_seeds_are_added_while_a_claim_is_underpowered_and_stop_once_resolved() -> None:
+    # A gap of 0.05 behind with a seed spread of 0.03: 2 seeds cannot resolve the 0.01 margin.
+    noise = {2: 0.03, 3: -0.03, 4: 0.01, 5: -0.01, 6: 0.0, 7: 0.02}
+    plan = StudyPlan(spec(), [([], ["base", "other"])])
+    rounds = play(plan, lambda job: 2.0 + (0.05 + noise[job.seed] if job.arm == "other" else 0.0))
+    judged = [sorted({job.seed for job in r}) for r in rounds if r[0].phase == JUDGE]
+    assert judged[0] == [2, 3] and judged[-1][-1] <= 7 and len(judged) >= 2
+    seeds = sorted({job.seed for r in rounds for job in r if job.phase == JUDGE})
+    assert seeds == list(range(2, 2 + len(seeds))) and len(seeds) <= 6
+    # A consistent gap resolves at once: no seed beyond the first two.
+    steady = StudyPlan(spec(), [([], ["base", "other"])])
+    rounds = play(steady, lambda job: 2.0 + (0.05 + 0.001 * job.seed if job.arm == "other" else 0.0))
+    assert sorted({job.seed for r in rounds for job in r if job.phase == JUDGE}) == [2, 3]
+
+
+def test_an_arm_whose_anchor_beats_its_winner_is_not_judged() -> None:
+    plan = StudyPlan(spec(), [([], ["base", "other"])])
+    for _ in range(10):
+        jobs = [job for job in plan.next_round() if job.phase == TUNE]
+        if not jobs:
+            break
+        for job in jobs:  # other's anchor (1e-3, point 0) is far better than anything else
+            plan.record(job, {"val/loss": 1.0 if (job.arm, job.point) == ("other", (0,)) else tune_loss(job)})
+    tuning = plan.tuning(0, "other")
+    assert tuning.beaten_by and not tuning.tuned
+    assert {job.arm for job in plan.next_round()} == {"base"}
+
+
+def test_an_underpowered_claim_is_told_from_an_inconclusive_one() -> None:
+    claim = spec().claims[0]
+    wide = {"other": {"val/loss": Spread((2.04, 2.00, 2.07), (2, 3, 4))}, "base": {"val/loss": Spread((2.0, 2.0, 2.0), (2, 3, 4))}}
+    verdict = judge_claim(claim, wide)
+    d = np.array([0.04, 0.0, 0.07])
+    half = stats.t.ppf(0.975, 2) * stats.sem(d)
+    assert verdict.verdict == UNDERPOWERED and f"resolves ±{half:.3g}, margin 0.01" in verdict.measured[0]
+    # Tight seeds whose gap sits on the threshold: resolved well enough, still inconclusive.
+    tight = {"other": {"val/loss": Spread((2.0100, 2.0095, 2.0105), (2, 3, 4))}, "base": wide["base"]}
+    assert judge_claim(claim, tight).verdict == "inconclusive"
+
+
+@pytest.mark.parametrize(
+    ("study", "message"),
+    [
+        ({"searcher": "bayes"}, "study.searcher='bayes' is not a searcher; use one of gp, tpe, random, coordinate"),
+        ({"budget": 1}, "study.budget=1 leaves no point to search beside the arm's 1 anchor(s); give at least 2."),
+        ({"budget": None}, "study.arms.base: the gp searcher needs a budget of tuning points"),
+        ({"seeds": {"first": [2, 3, 4], "max": 2}}, "study.seeds.max=2 must be a whole number of judging seeds, at least the 3"),
+        ({"seeds": {"first": [2], "auto": True}}, "study.seeds is a list of seeds or {first: [2, 3, 4], max: 8}"),
+        ({"search": None, "tuning_seeds": None}, "study.searcher, study.budget, study.round_size, study.arms.other.anchors set, but nothing is searched"),
+    ],
+)
+def test_bad_search_settings_name_the_key_and_the_fix(study, message) -> None:
+    with pytest.raises(ConfigError) as error:
+        spec(**study)
+    assert message in str(error.value)
