@@ -48,6 +48,9 @@ class RunContext:
     data_groups: DataGroups = DataGroups()
     #: The micro-batch every rank runs; None while the process count is unknown.
     micro_batch_size: int | None = None
+    #: The resolved config less its per-job keys, as (key, value) pairs: what jobs that train
+    #: one model together must agree on (``launch/shared_settings.py``).
+    shared_settings: tuple[tuple[str, str], ...] = ()
 
     def global_batch(self) -> GlobalBatch | None:
         """The global batch arithmetic of this run (None while the process count is unknown)."""

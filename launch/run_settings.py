@@ -16,6 +16,7 @@ from omegaconf import DictConfig
 from callbacks.technique import RunContext, TechniqueSettings
 from data.config_checks import check_seq_len
 from common.errors import ConfigError
+from launch.shared_settings import shared_settings
 from launch.typed_settings import coerce, plain, settings_from_config
 from common.data_groups import DataGroups
 from lightning_modules.global_batch import BatchConfig, micro_batch_size_for
@@ -138,6 +139,7 @@ def check_config(cfg: DictConfig, processes: int | None = None) -> RunSettings:
         seq_len=_seq_len(cfg),
         save_distributed_checkpoint=bool(cfg.strategy.get("save_distributed_checkpoint", False)),
         n_layers=model.n_layers,
+        shared_settings=shared_settings(cfg),
     )
     replicas = max([settings.sequential_replicas(run) for settings in techniques.values()], default=1)
     accumulation = max([settings.min_accumulation(run) for settings in techniques.values()], default=1)

@@ -138,15 +138,29 @@ def test_a_killed_group_leaves_the_other_training_and_a_restarted_one_rejoins(tm
         assert zipfile.is_zipfile(saved)  # the survivor's checkpoints stay complete
 
 
-def test_groups_with_different_settings_refuse_to_train(tmp_path, tmp_path_factory) -> None:
+@pytest.mark.parametrize(
+    ("other", "key", "values"),
+    [
+        ("seed=2", "data.seed", ("1", "2")),  # data.seed: ${seed}, the first of the two keys it changes
+        ("optimizer.lr=0.002", "optimizer.lr", ("0.004", "0.002")),
+        ("data.source.max_documents=500", "data.source.max_documents", ("600", "500")),  # another corpus
+        ("technique.diloco.sync_every=4", "technique.diloco.sync_every", ("2", "4")),
+    ],
+)
+def test_groups_with_different_settings_refuse_to_train_naming_the_key(tmp_path, tmp_path_factory, other, key, values) -> None:
     cache = tmp_path_factory.getbasetemp() / "cache"
     with Lighthouse(min_replicas=2) as lighthouse:
-        groups = [group(lighthouse, 0, tmp_path / "group0", cache, "trainer.max_steps=4"),
-                  group(lighthouse, 1, tmp_path / "group1", cache, "trainer.max_steps=4", "technique.diloco.sync_every=4")]  # fmt: skip
+        groups = [group(lighthouse, 0, tmp_path / "group0", cache, "trainer.max_steps=4", "seed=1"),
+                  group(lighthouse, 1, tmp_path / "group1", cache, "trainer.max_steps=4", "seed=1", other)]  # fmt: skip
         logs = [finish(process) for process in groups]
-    for process, log in zip(groups, logs):
-        assert process.returncode == 2
-        assert log.strip().splitlines()[-1].startswith("error: the DiLoCo replica groups run with different settings")
+    for index, (process, log) in enumerate(zip(groups, logs)):
+        mine, theirs = values if index == 0 else values[::-1]
+        assert process.returncode == 2, log[-2000:]
+        assert log.strip().splitlines()[-1] == (
+            f"error: the DiLoCo replica groups run with different settings: {key} is {mine} in group {index} and {theirs} in"
+            f" group {1 - index}; start every group with the same overrides but technique.diloco.torchft.group."
+        )
+        assert "finished at step" not in log and not (tmp_path / f"group{index}" / "checkpoints" / "last.ckpt").exists()
 
 
 def test_an_unreachable_lighthouse_is_one_line_within_seconds(tmp_path, tmp_path_factory) -> None:
@@ -160,6 +174,18 @@ def test_an_unreachable_lighthouse_is_one_line_within_seconds(tmp_path, tmp_path
         " start it first: torchft_lighthouse --min_replicas 1 --bind HOST:PORT"
     ]
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("address", ["http://127.0.0.1:99999", "127.0.0.1:29510", "localhost", "http://:29510", "http://127.0.0.1:port",
+                                     "ftp://127.0.0.1:29510", "http://127.0.0.1:29510/path"])  # fmt: skip
+def test_a_malformed_lighthouse_address_is_one_line(tmp_path, address: str) -> None:
+    cfg = compose_config([*DILOCO, "technique.diloco.backend=torchft", f"technique.diloco.torchft.lighthouse='{address}'"], tmp_path)
+    with pytest.raises(ConfigError) as error:
+        check_config(cfg, processes=1)
+    assert str(error.value) == (
+        f"technique.diloco.torchft.lighthouse={address!r} must be http://HOST:PORT of the lighthouse, the port in 1-65535"
+        " (or set $TORCHFT_LIGHTHOUSE), e.g. http://127.0.0.1:29510."
+    )
 
 
 def test_the_backend_without_the_package_names_the_install_command(tmp_path, monkeypatch) -> None:

@@ -68,8 +68,9 @@ log = logging.getLogger(__name__)
 class DiLoCo(StepCallback):
     """Runs the replicas and their outer loop (settings: ``DiLoCoSettings``)."""
 
-    def __init__(self, settings: DiLoCoSettings, simulated: bool, n_layers: int) -> None:
+    def __init__(self, settings: DiLoCoSettings, simulated: bool, n_layers: int, shared: tuple[tuple[str, str], ...] = ()) -> None:
         self.settings, self.simulated, self.n_layers = settings, simulated, n_layers
+        self.shared = dict(shared)  # what every torchft replica group must run with
         self.syncs = 0
         self.bytes_sent = 0.0
         self.dp_bytes = 0.0
@@ -127,13 +128,11 @@ class DiLoCo(StepCallback):
     # ------------------------------------------------------------------ torchft groups
     def _join_groups(self, trainer: L.Trainer, state: TrainingState) -> "TorchftGroup":
         """This job's replica group in the torchft quorum, with what a live peer sends a
-        group that rejoins (its DiLoCo state and clock) and what every group must agree on."""
+        group that rejoins (its DiLoCo state and clock) and what every group must agree on:
+        the run's shared settings and the tokens' fingerprint."""
         from callbacks.diloco.torchft_group import TorchftGroup
 
-        agreed = {"model": repr(state.model_config), "replicas": self.settings.replicas, "sync_every": self.settings.sync_every,
-                  "outer_lr": self.settings.learning_rate, "outer_optimizer": repr(self.settings.outer_optimizer),
-                  "global_batch": state.global_batch.size, "seq_len": trainer.datamodule.seq_len,
-                  "token_budget": state.token_budget}  # fmt: skip
+        agreed = {**self.shared, "data.tokens": trainer.datamodule.fingerprint}
         groups = TorchftGroup(self.settings.torchft, lambda: self._recovery_state(state), lambda s: self._recover(state, s), agreed)
         if self._groups_state is not None:  # resumed from this group's own checkpoint
             groups.load_state_dict(self._groups_state)

@@ -225,14 +225,20 @@ class DiLoCoSettings(TechniqueSettings):
         self._lighthouse()
 
     def _lighthouse(self) -> tuple[str, str, int]:
-        """The lighthouse's address, host and port (a malformed address is a ConfigError)."""
+        """The lighthouse's address, host and port: ``http://HOST:PORT`` with a port in
+        1-65535 (torchft's client needs the scheme; anything else is a ConfigError)."""
         address = self.torchft.address()
-        parsed = urlparse(address if "://" in address else f"http://{address}")
-        if not address or parsed.hostname is None or parsed.port is None:
+        parsed = urlparse(address)
+        try:
+            port = parsed.port
+        except ValueError:  # out of range, or not a number
+            port = None
+        if parsed.scheme not in ("http", "https") or not parsed.hostname or not port or parsed.path not in ("", "/"):
             raise ConfigError(
-                f"{self.key}.torchft.lighthouse={address!r} must be http://HOST:PORT of the lighthouse (or set $TORCHFT_LIGHTHOUSE)."
+                f"{self.key}.torchft.lighthouse={address!r} must be http://HOST:PORT of the lighthouse, the port in 1-65535"
+                " (or set $TORCHFT_LIGHTHOUSE), e.g. http://127.0.0.1:29510."
             )
-        return address, parsed.hostname, parsed.port
+        return address, parsed.hostname, port
 
     def check_services(self) -> None:
         """The lighthouse answers on its port within ``LIGHTHOUSE_CONNECT_S``."""
@@ -250,4 +256,4 @@ class DiLoCoSettings(TechniqueSettings):
     def build(self, run: RunContext) -> "DiLoCo":
         from callbacks.diloco.callback import DiLoCo
 
-        return DiLoCo(self, simulated=self.is_simulated(run.world_size), n_layers=run.n_layers)
+        return DiLoCo(self, simulated=self.is_simulated(run.world_size), n_layers=run.n_layers, shared=run.shared_settings)

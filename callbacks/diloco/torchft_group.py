@@ -13,12 +13,15 @@ over (``Manager.allreduce``, divided by the number of groups present).
   live peer sends its state over torchft's HTTP transport, and ``load_state_dict`` puts it
   in place (``DiLoCo._recover``): the anchors and outer optimizer, the peer's inner weights
   and optimizer state, and its clock, so the group reads on from the peers' data position.
-- **Groups of other settings** are caught at the first quorum they share: each averages a
-  fingerprint of the settings that must agree (model shape, M, H, the outer optimizer, the
-  batch); a group whose fingerprint differs from the average refuses to train.
+- **Groups of other settings** are caught at the first quorum they share, before a step is
+  taken: each averages a fingerprint of the settings that must agree (the resolved run config
+  less its per-group keys, and the tokens' fingerprint: ``launch/shared_settings.py``); where
+  it differs from the average, the groups exchange the settings themselves and every group
+  stops with one line naming the first key that differs and both values.
 """
 
 import hashlib
+import json
 import logging
 import socket
 import time
@@ -34,6 +37,8 @@ from common.errors import ConfigError
 log = logging.getLogger(__name__)
 #: Fingerprint values per group: four 32-bit slices of a SHA-256 digest.
 FINGERPRINT_SLOTS = 4
+#: Group indices the settings exchange has room for (a length each, summed over the groups).
+SETTINGS_SLOTS = 1024
 
 
 def fingerprint(settings: dict[str, Any]) -> torch.Tensor:
@@ -81,6 +86,7 @@ class TorchftGroup:
             hostname=host,
             init_sync=False,  # every group starts from the same seeded weights
         )
+        self._agreed, self._group = dict(agreed), settings.group
         self._fingerprint = fingerprint(agreed)
 
     def _recover(self, state: dict[str, Any]) -> None:
@@ -100,10 +106,32 @@ class TorchftGroup:
         mine = self._fingerprint.clone()
         self.manager.allreduce(mine).wait()
         if not self.manager.errored() and not torch.equal(mine, self._fingerprint):
-            raise ConfigError(
-                "the DiLoCo replica groups run with different settings (model shape, replicas, sync_every, outer"
-                " optimizer, batch or seq_len): start every group with the same overrides but technique.diloco.torchft.group."
-            )
+            raise ConfigError(self._difference())
+
+    def _difference(self) -> str:
+        """Every group's settings gathered (each writes its own slot of a summed tensor, its
+        settings as JSON bytes), and the first key in which another group differs from this one."""
+        from torch.distributed import ReduceOp
+
+        encoded = json.dumps(self._agreed, sort_keys=True).encode()
+        lengths = torch.zeros(max(SETTINGS_SLOTS, self._group + 1), dtype=torch.float64)
+        lengths[self._group] = len(encoded)
+        self.manager.allreduce(lengths, reduce_op=ReduceOp.SUM).wait()
+        slots, width = int(lengths.nonzero().max()) + 1, int(lengths.max())  # the same in every group
+        data = torch.zeros(slots, width, dtype=torch.float64)
+        data[self._group, : len(encoded)] = torch.tensor(list(encoded), dtype=torch.float64)
+        self.manager.allreduce(data, reduce_op=ReduceOp.SUM).wait()
+        for other, length in enumerate(lengths[:slots].tolist()):
+            if other == self._group or not length:
+                continue
+            theirs = json.loads(bytes(int(round(b)) for b in data[other, : int(length)].tolist()).decode())
+            for key in sorted(set(self._agreed) | set(theirs)):
+                if self._agreed.get(key) != theirs.get(key):
+                    return (f"the DiLoCo replica groups run with different settings: {key} is {self._agreed.get(key, 'unset')}"
+                            f" in group {self._group} and {theirs.get(key, 'unset')} in group {other}; start every group with"
+                            " the same overrides but technique.diloco.torchft.group.")  # fmt: skip
+        return ("the DiLoCo replica groups run with different settings: start every group with the same overrides"
+                " but technique.diloco.torchft.group.")
 
     def average(self, deltas: list[torch.Tensor]) -> list[torch.Tensor] | None:
         """The deltas averaged over the groups present, or None when the round is discarded

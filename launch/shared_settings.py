@@ -1,0 +1,58 @@
+"""The settings jobs that train one model together must share: the resolved run config, flat.
+
+Fault-tolerant DiLoCo runs each replica group as a job of its own, started with its own
+command; a group started with another seed, learning rate or corpus would train a different
+model and average it in silently. The groups therefore compare what every one of them
+trains with: each key of the resolved config (``model.d_model``, ``optimizer.lr``, ``seed``,
+...) with its value, less the keys that differ between groups by design (which group it is,
+where it writes, the lighthouse it asks, how it logs) and plus the tokens' own fingerprint,
+which the data module adds (``data.tokens``) since the same path can hold other files.
+"""
+
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+#: Keys (and the subtrees under them) that may differ between the jobs of one run.
+PER_JOB = (
+    "technique.diloco.torchft.group",
+    "technique.diloco.torchft.lighthouse",
+    "technique.diloco.torchft.host",
+    "paths",
+    "data.cache_dir",
+    "trainer.default_root_dir",
+    "callbacks.model_checkpoint.dirpath",
+    "callbacks.progress_bar",
+    "logger",
+    "experiment_name",
+    "ckpt_path",
+    "hydra",
+)
+
+
+def shared_settings(cfg: DictConfig) -> tuple[tuple[str, str], ...]:
+    """Every leaf of ``cfg`` but the per-job ones, as (dotted key, value's repr), sorted; a
+    value that cannot be resolved here (a Hydra runtime path outside a run) as written."""
+    leaves: dict[str, str] = {}
+    _flatten(cfg, "", leaves)
+    return tuple(sorted((key, value) for key, value in leaves.items() if not _per_job(key)))
+
+
+def _per_job(key: str) -> bool:
+    return any(key == prefix or key.startswith(f"{prefix}.") for prefix in PER_JOB)
+
+
+def _flatten(node: Any, prefix: str, leaves: dict[str, str]) -> None:
+    if isinstance(node, DictConfig):
+        for key in node.keys():
+            path = f"{prefix}{key}"
+            if _per_job(path):
+                continue
+            try:
+                child = node[key]
+            except Exception:  # an interpolation only Hydra's runtime resolves
+                child = OmegaConf.to_container(node, resolve=False)[key]
+            _flatten(child, f"{path}.", leaves)
+        return
+    value = OmegaConf.to_container(node, resolve=True) if OmegaConf.is_config(node) else node
+    leaves[prefix.rstrip(".")] = repr(value)
