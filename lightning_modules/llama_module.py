@@ -379,6 +379,7 @@ class LlamaLightningModule(L.LightningModule):
         self.optimizer_config.apply(self.training_state.optimizer)
         if hasattr(self.trainer.datamodule, "seek"):
             self.trainer.datamodule.seek(self.training_state.clock.sequences)
+            self.training_state.set_data_seek(self.trainer.datamodule.seek)  # a clock moved mid-run
         if self.training_state.clock.steps and self._ends_training():
             log.info("the checkpoint is at the end of training (step %d): nothing left to train", self.training_state.clock.steps)
             self.trainer.should_stop = True

@@ -11,7 +11,8 @@ What it holds:
 
 - **progress**: the ``clock`` (optimizer steps, sequences, tokens over all ranks), the
   global step and the 1-based ``schedule_step`` that step-based schedules read, the
-  ``token_budget``;
+  ``token_budget``; ``move_clock`` sets it to another job's progress (a DiLoCo replica group
+  healed by a peer) and the data stream follows it from the next micro-batch on;
 - **the global batch** (``global_batch``): read its size and accumulation, change it with
   ``request_global_batch``;
 - **the training sequence length**: ``set_sequence_cutter`` installs how rows are cut
@@ -103,8 +104,21 @@ class TrainingState:
         self.metrics = StepMetrics()
         self._cut: SequenceCutter = keep_rows
         self._lr_scaling: LRScaling | None = None
+        self._seek: Callable[[int], None] | None = None  # the data stream's, from the training module
 
     # ------------------------------------------------------------------ progress
+    def set_data_seek(self, seek: Callable[[int], None]) -> None:
+        """Installed by the training module: continue the data stream at a global position."""
+        self._seek = seek
+
+    def move_clock(self, clock: dict[str, int]) -> None:
+        """Set the clock to another job's progress (a clock's ``state_dict``): the next
+        micro-batch is read at its position, so the rows trained are those of the steps the
+        clock now counts, as if this job had trained them in order."""
+        self.clock.load_state_dict(clock)
+        if self._seek is not None:
+            self._seek(self.clock.sequences)
+
     @property
     def steps_per_global_step(self) -> int:
         """Optimizer steps in one global step: the sequential (simulated) replicas."""

@@ -144,7 +144,7 @@ class DiLoCo(StepCallback):
 
     def _recover(self, state: TrainingState, received: dict[str, Any]) -> None:
         self._restore(received["diloco"])
-        state.clock.load_state_dict(received["clock"])
+        state.move_clock(received["clock"])  # the data follows: this group reads its slice of the peers' steps
         counters = dict(received["counters"])
         counters.pop("torchft", None)
         self.load_state_dict(counters)
