@@ -9,6 +9,7 @@ picks by its true loss:
 - ``outer ridge``: DiLoCo's outer step scales about as lr / (1 - momentum), so the loss
   depends on that ratio and the best momentum is 0 (the identity outer step won the last
   study), while a search started at Nesterov 0.9 finds a ridge point first;
+  both at the curvature measured in the DiLoCo study and at a flatter one (``Curvature``);
 - ``lr x batch``: the best LR grows linearly with the batch (the linear scaling rule) and the
   loss prefers small batches at a fixed token budget: a diagonal valley.
 
@@ -76,18 +77,52 @@ def _outer(labels: dict[str, str]) -> tuple[float, float, bool]:
     return float(labels["technique.diloco.outer_lr"]), float(optimizer["momentum"]), optimizer["nesterov"] == "true"
 
 
-def bowl(labels: dict[str, str]) -> float:
-    lr, h = float(labels["optimizer.lr"]), float(labels["technique.diloco.sync_every"])
-    outer_lr, momentum, nesterov = _outer(labels)
-    optimizer = {(0.0, False): 0.02, (0.9, True): 0.01, (0.9, False): 0.0, (0.5, True): 0.015}[(momentum, nesterov)]
-    return 1.5 + 0.02 * math.log2(lr / 4e-3) ** 2 + 0.02 * math.log2(outer_lr / 0.35) ** 2 + optimizer + 0.03 * math.log(h / 30, 3) ** 2
+@dataclass(frozen=True)
+class Curvature:
+    """How much a grid step away from the optimum costs, per setting (nats per squared step)
+    and per outer optimizer. ``MEASURED`` takes them from the coordinate-search DiLoCo study
+    at its winner (docs/techniques/diloco.md, M = 1): a factor 2 of inner LR about 0.03, a
+    factor 3 of H about 0.08, a factor 2 of outer LR 0.03-0.07, momentum 0 / heavy-ball 0.9
+    0.08 / 0.14 above Nesterov 0.9, Nesterov 0.5 0.005 above; ``FLAT`` is flatter than any
+    of those (a harder surface to locate the optimum on under the same noise)."""
+
+    lr: float
+    h: float
+    outer_lr: float
+    optimizers: tuple[float, float, float, float]  # momentum 0, Nesterov 0.9, heavy-ball 0.9, Nesterov 0.5
 
 
-def outer_ridge(labels: dict[str, str]) -> float:
-    lr, h = float(labels["optimizer.lr"]), float(labels["technique.diloco.sync_every"])
-    outer_lr, momentum, nesterov = _outer(labels)
-    step = outer_lr / (1 - momentum)
-    return 1.5 + 0.02 * math.log2(lr / 1e-3) ** 2 + 0.05 * math.log2(step / 1.41) ** 2 + 0.03 * math.log(h / 30, 3) ** 2 + 0.03 * momentum
+MEASURED = Curvature(lr=0.03, h=0.08, outer_lr=0.04, optimizers=(0.08, 0.0, 0.14, 0.005))
+FLAT = Curvature(lr=0.02, h=0.03, outer_lr=0.02, optimizers=(0.02, 0.01, 0.0, 0.015))
+OPTIMIZERS = ((0.0, False), (0.9, True), (0.9, False), (0.5, True))
+
+
+def bowl(curvature: Curvature) -> Callable[[dict[str, str]], float]:
+    """Separable: inner LR 4e-3, outer LR 0.35, H 30, each optimizer its own offset."""
+
+    def loss(labels: dict[str, str]) -> float:
+        lr, h = float(labels["optimizer.lr"]), float(labels["technique.diloco.sync_every"])
+        outer_lr, momentum, nesterov = _outer(labels)
+        optimizer = curvature.optimizers[OPTIMIZERS.index((momentum, nesterov))]
+        return (1.5 + curvature.lr * math.log2(lr / 4e-3) ** 2 + curvature.outer_lr * math.log2(outer_lr / 0.35) ** 2 + optimizer
+                + curvature.h * math.log(h / 30, 3) ** 2)  # fmt: skip
+
+    return loss
+
+
+def outer_ridge(curvature: Curvature) -> Callable[[dict[str, str]], float]:
+    """The outer step acts as lr / (1 - momentum), best at 1.41; momentum costs 0.03 per unit,
+    so the best point is momentum 0 at outer LR 1.41 (inner LR 1e-3, H 30), while Nesterov 0.9
+    at outer LR 0.14 lies on the ridge 0.027 higher."""
+
+    def loss(labels: dict[str, str]) -> float:
+        lr, h = float(labels["optimizer.lr"]), float(labels["technique.diloco.sync_every"])
+        outer_lr, momentum, _ = _outer(labels)
+        step = outer_lr / (1 - momentum)
+        return (1.5 + curvature.lr * math.log2(lr / 1e-3) ** 2 + 2.5 * curvature.outer_lr * math.log2(step / 1.41) ** 2
+                + curvature.h * math.log(h / 30, 3) ** 2 + 0.03 * momentum)  # fmt: skip
+
+    return loss
 
 
 def lr_batch(labels: dict[str, str]) -> float:
@@ -105,7 +140,8 @@ def lr_batch_search(searcher: str) -> Search:
 
 def surfaces(searcher: str, seed: int) -> list[Surface]:
     diloco = replace(diloco_search(), searcher=searcher, seed=seed)
-    return [Surface("bowl", diloco, bowl), Surface("outer ridge", diloco, outer_ridge),
+    return [Surface("bowl (measured)", diloco, bowl(MEASURED)), Surface("outer ridge (measured)", diloco, outer_ridge(MEASURED)),
+            Surface("bowl (flat)", diloco, bowl(FLAT)), Surface("outer ridge (flat)", diloco, outer_ridge(FLAT)),
             Surface("lr x batch", replace(lr_batch_search(searcher), seed=seed), lr_batch)]  # fmt: skip
 
 

@@ -33,15 +33,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seeds", type=int, default=10, help="searcher seeds per surface (each with its own noise)")
     parser.add_argument("--searchers", default=",".join(SEARCHERS), help="comma-separated, from " + ", ".join(SEARCHERS))
+    parser.add_argument("--surfaces", help="comma-separated surface names to run (default: all)")
     parser.add_argument("--out", type=Path, help="also write the table (markdown) here")
     return parser.parse_args(argv)
 
 
-def measure(searcher: str, seeds: int) -> dict[str, dict]:
+def measure(searcher: str, seeds: int, names: list[str] | None = None) -> dict[str, dict]:
     """Per surface: the declared budget and, per seed, the runs to reach and the winner's regret."""
     rows: dict[str, dict] = {}
     for seed in range(seeds):
         for surface in surfaces(searcher, seed):
+            if names and surface.name not in names:
+                continue
             budget = surface.search.budget
             extended = replace(surface, search=replace(surface.search, budget=None if searcher == "coordinate" else budget + EXTRA))
             optimum, trace = extended.optimum(), run_search(extended, noise_seed=1000 + seed)
@@ -72,7 +75,8 @@ def table(found: dict[str, dict[str, dict]]) -> str:
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
-    found = {searcher: measure(searcher, args.seeds) for searcher in args.searchers.split(",")}
+    names = args.surfaces.split(",") if args.surfaces else None
+    found = {searcher: measure(searcher, args.seeds, names) for searcher in args.searchers.split(",")}
     text = f"Noise {NOISE} nats per run, tolerance {TOLERANCE} nats, {args.seeds} searcher seeds.\n\n{table(found)}\n"
     print(text)
     if args.out:
