@@ -145,7 +145,7 @@ class StudyPlan:
             for condition, threshold in conditions.items():
                 interval = paired(ours, theirs, condition.split("_")[0]) if ours and theirs else None
                 half = resolvable(interval) if interval else None
-                if not half:
+                if not half or math.isnan(half):  # no spread yet, or a diverged run
                     return self.spec.max_seeds or n
                 distance = abs(interval.value - float(threshold)) or margin(claim, condition, float(threshold))
                 needed = max(needed, math.ceil(n * (half / distance) ** 2) if distance > 0 else self.spec.max_seeds or n)
