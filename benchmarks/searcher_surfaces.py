@@ -36,7 +36,7 @@ PRESET = REPO / "conf" / "sweep" / "diloco_tuned.yaml"
 NOISE = 0.01
 #: Within this much of the grid optimum's loss (nats), a searcher has found it.
 TOLERANCE = 0.005
-LR_BATCH_BUDGET = 12
+LR_BATCH_BUDGET = 16
 
 
 @dataclass(frozen=True)

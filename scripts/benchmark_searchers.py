@@ -1,7 +1,7 @@
 """Which searcher finds the grid optimum: the joint search against the coordinate rule and
 random search, on synthetic surfaces with the shapes tuned studies meet.
 
-    python scripts/benchmark_searchers.py --seeds 10 --out docs/searcher_benchmark.md
+    python scripts/benchmark_searchers.py --seeds 10 --out outputs/searcher_benchmark_table.md
 
 Each searcher runs against each surface (``benchmarks/searcher_surfaces.py``: a separable
 bowl, DiLoCo's outer-step ridge, an LR x batch valley, each with 0.01 nats of seeded noise)
@@ -22,7 +22,7 @@ import statistics
 from dataclasses import replace
 from pathlib import Path
 
-from benchmarks.searcher_surfaces import NOISE, TOLERANCE, Surface, run_search, surfaces
+from benchmarks.searcher_surfaces import NOISE, TOLERANCE, run_search, surfaces
 
 SEARCHERS = ("gp", "tpe", "random", "coordinate")
 #: Points past the declared budget a search may run, to count the runs it needed beyond it.
@@ -80,6 +80,7 @@ def main(argv: list[str] | None = None) -> None:
     text = f"Noise {NOISE} nats per run, tolerance {TOLERANCE} nats, {args.seeds} searcher seeds.\n\n{table(found)}\n"
     print(text)
     if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(text)
 
 

@@ -48,7 +48,7 @@ from analysis.ladder import (  # noqa: E402
 from analysis.report import build_report, verdict_table  # noqa: E402
 from analysis.runs import find_runs  # noqa: E402
 from analysis.scaling_laws import parameter_count  # noqa: E402
-from common.errors import ConfigError, UserError  # noqa: E402
+from common.errors import ConfigError  # noqa: E402
 from launch.cli import exit_code  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]

@@ -23,7 +23,8 @@ IMAGE_LACKS = {"hydra-core", "omegaconf", "antlr4-python3-runtime", "datasets", 
 # The image's packages that the project or a pinned wheel requires.
 IMAGE_HAS = {"torch", "triton", "lightning", "tokenizers", "safetensors", "numpy", "matplotlib", "transformers",
              "filelock", "fsspec", "huggingface-hub", "packaging", "pandas", "pyarrow", "pyyaml", "tqdm", "xxhash"}  # fmt: skip
-NOT_NEEDED = {"wandb"}  # the benchmark logs to memory, never to W&B
+#: The benchmark logs to memory, never to W&B, and runs no tuned study (whose searcher imports optuna).
+NOT_NEEDED = {"wandb", "optuna"}
 
 
 def normalized(name: str) -> str:
