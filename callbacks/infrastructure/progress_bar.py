@@ -59,6 +59,7 @@ class TokenProgressBar(TQDMProgressBar):
             self.disable()
         self._started = self._last_line = 0.0
         self._start_tokens = 0
+        self._bar_set = False  # the training bar is set up once per fit, not per epoch
 
     def init_train_tqdm(self) -> Tqdm:
         bar = super().init_train_tqdm()
@@ -76,12 +77,16 @@ class TokenProgressBar(TQDMProgressBar):
         super().on_train_start(trainer, pl_module)
         self._started = self._last_line = time.monotonic()
         self._start_tokens = pl_module.training_state.clock.tokens
+        self._bar_set = False
 
     def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        """Set the bar up at the first epoch only: a run longer than one pass over its corpus
+        goes on counting tokens and time from the start of training, not of the epoch."""
+        if self._bar_set:
+            return
+        self._bar_set = True
         super().on_train_epoch_start(trainer)
         state = pl_module.training_state
-        self._started = self._last_line = time.monotonic()
-        self._start_tokens = state.clock.tokens
         self.train_progress_bar.reset(total=self._end_tokens(trainer, state))
         self.train_progress_bar.n = self.train_progress_bar.initial = state.clock.tokens
         self.train_progress_bar.set_description("Training")
