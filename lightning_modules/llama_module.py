@@ -40,7 +40,7 @@ from lightning_modules.parallelism import (
 )
 from lightning_modules.training_state import TrainingState
 
-PROGRESS_BAR_KEYS = ("train/loss", "perf/tokens_per_sec")
+PROGRESS_BAR_KEYS = ("train/loss", "perf/tokens_per_sec", "train/global_batch_size", "train/seq_len", "diloco/round", "diloco/pseudo_grad_norm")
 log = logging.getLogger(__name__)
 
 

@@ -190,3 +190,18 @@ def test_the_documented_fail_fast_command_exits_2_before_any_work(tmp_path):
         " the norm test needs >= 2 samples. Start at 32 or set batch.micro_batch_size=8."
     ]
     assert not (tmp_path / "cache").exists() and not (tmp_path / "run").exists()
+
+
+def test_the_console_shows_the_batch_once_it_moves_and_says_when_it_reaches_its_cap(tmp_path, tmp_path_factory):
+    overrides = [*TINY, "+experiment=adaptive_bs", "batch.global_batch_size=4", "batch.max_micro_batch_size=4",
+                 "batch.max_global_batch_size=16", "token_budget=4096", "callbacks.progress_bar.lines=true",
+                 "callbacks.progress_bar.line_interval_s=0.01"]  # fmt: skip
+    result = run_train(overrides, tmp_path / "run", tmp_path_factory.getbasetemp() / "cache")
+    assert result.returncode == 0, result.stderr[-3000:]
+    output = result.stdout + result.stderr
+    capped = [line for line in output.splitlines() if "adaptive batch reached its cap" in line]
+    assert len(capped) == 1 and "reached its cap of 16 at step" in capped[0] and "the norm test asks for" in capped[0]
+    asked = int(capped[0].rsplit(" ", 1)[1].replace(",", ""))
+    assert asked > 16
+    lines = [line for line in output.splitlines() if "progress_bar" in line and " tokens (" in line]
+    assert "batch=" not in lines[0] and any("batch=16" in line for line in lines)

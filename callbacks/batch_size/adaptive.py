@@ -21,6 +21,7 @@ steps with ``samples=micro_batch`` and none with ``samples=rank``; the inner-pro
 with ``samples=micro_batch`` keep one copy per micro-step of the accumulation.
 """
 
+import logging
 import math
 from typing import Any
 
@@ -44,6 +45,9 @@ from lightning_modules.sharded_sums import fsdp1_shard_groups
 from lightning_modules.training_state import TrainingState
 
 
+log = logging.getLogger(__name__)
+
+
 class AdaptiveBatchSize(StepCallback):
     """Runs the configured test and asks for the batch it wants (settings: ``AdaptiveBatchSettings``)."""
 
@@ -55,6 +59,7 @@ class AdaptiveBatchSize(StepCallback):
         self._ranks: RankSamples | None = None
         self._testing = False
         self._proposal = 0
+        self._capped = False  # the cap line is said once
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         state: TrainingState = pl_module.training_state
@@ -114,15 +119,25 @@ class AdaptiveBatchSize(StepCallback):
 
     def _decide(self, state: TrainingState) -> None:
         """Agree on the largest proposal over replicas, ask for it (never smaller), and log."""
-        current = state.global_batch.size
-        proposed = max(current, self._agreed(self._proposal, state.device))
+        current, asked = state.global_batch.size, self._agreed(self._proposal, state.device)
+        proposed = max(current, asked)
         if self.settings.max_global_batch_size is not None:
             proposed = min(proposed, max(current, self.settings.max_global_batch_size))
         applied = state.request_global_batch(proposed) if proposed > current else current
+        self._say_if_capped(state, asked, applied)
         self.tests_done += 1
         self.last.update({"adaptive_bs/proposed_batch": float(proposed), "adaptive_bs/applied_batch": float(applied)})
         state.record_metrics(self.last)
         state.log_now()
+
+    def _say_if_capped(self, state: TrainingState, asked: int, applied: int) -> None:
+        """One INFO line the first time the batch stops at its cap while the test asks for more."""
+        caps = [c for c in (self.settings.max_global_batch_size, state.global_batch.max_size) if c is not None]
+        if self._capped or not caps or asked <= applied or applied < min(caps):
+            return
+        self._capped = True
+        log.info("adaptive batch reached its cap of %d at step %d: the %s test asks for %s", applied, state.clock.steps,
+                 self.settings.test.replace("_", " "), f"{asked:,}")  # fmt: skip
 
     @staticmethod
     def _agreed(proposal: int, device: torch.device) -> int:

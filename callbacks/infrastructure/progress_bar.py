@@ -22,7 +22,12 @@ import lightning as L
 from lightning.pytorch.callbacks import TQDMProgressBar
 from lightning.pytorch.callbacks.progress.tqdm_progress import Tqdm
 
-SHOWN = {"train/loss": "loss", "val/loss": "val_loss", "perf/tokens_per_sec": "tokens/s"}
+SHOWN = {"train/loss": "loss", "val/loss": "val_loss", "perf/tokens_per_sec": "tokens/s", "diloco/pseudo_grad_norm": "pg_norm"}
+#: Whole numbers, shown as such: DiLoCo's outer round (once a sync has logged it).
+COUNTS = {"diloco/round": "round"}
+#: Shown from the first time they differ from their first value in the run: a technique
+#: (a batch schedule, sequence-length warmup) changed them.
+CHANGING = {"train/global_batch_size": "batch", "train/seq_len": "seq_len"}
 log = logging.getLogger(__name__)
 
 
@@ -60,6 +65,8 @@ class TokenProgressBar(TQDMProgressBar):
         self._started = self._last_line = 0.0
         self._start_tokens = 0
         self._bar_set = False  # the training bar is set up once per fit, not per epoch
+        self._first: dict[str, int] = {}  # CHANGING's first values in this run
+        self._changed: set[str] = set()
 
     def init_train_tqdm(self) -> Tqdm:
         bar = super().init_train_tqdm()
@@ -68,9 +75,20 @@ class TokenProgressBar(TQDMProgressBar):
         return bar
 
     def get_metrics(self, trainer: L.Trainer, pl_module: L.LightningModule) -> dict[str, Any]:
-        """The last logged loss, speed and validation loss, readable; no ``v_num``."""
+        """The last logged loss, speed and validation loss, readable (and what a technique
+        changes: the global batch and sequence length once they moved, DiLoCo's round and
+        pseudo-gradient norm); no ``v_num``."""
         metrics = trainer.progress_bar_metrics
-        return {label: readable(float(metrics[key])) for key, label in SHOWN.items() if key in metrics}
+        shown = {label: readable(float(metrics[key])) for key, label in SHOWN.items() if key in metrics}
+        shown |= {label: f"{int(metrics[key])}" for key, label in COUNTS.items() if key in metrics}
+        for key, label in CHANGING.items():
+            if key in metrics:
+                value = int(metrics[key])
+                if value != self._first.setdefault(key, value):
+                    self._changed.add(key)
+                if key in self._changed:
+                    shown[label] = f"{value:,}"
+        return shown
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         """Time from here: a run resumed mid-epoch gets no epoch start from Lightning."""
