@@ -23,6 +23,7 @@ from lightning_modules.global_batch import BatchConfig, micro_batch_size_for
 from lightning_modules.llama import LlamaConfig
 from lightning_modules.lr_schedule import LRScheduleConfig
 from lightning_modules.optimizers.settings import OptimizerSettings
+from lightning_modules.float8 import check_float8_settings
 from lightning_modules.parallelism import LayoutConfig
 
 STRATEGY_BY_CLASS = {
@@ -149,6 +150,7 @@ def check_config(cfg: DictConfig, processes: int | None = None) -> RunSettings:
     run = dataclasses.replace(run, sequential_replicas=replicas, data_groups=groups, micro_batch_size=micro)
     _check_budget(run, lr_schedule)
     _check_strategy(run, layout, cfg)
+    check_float8_settings(layout.float8, layout.float8_emulate, run.strategy, run.accelerator, _linear_dims(model))
     optimizer.check(run.strategy)
     for settings in techniques.values():
         settings.check(run)
@@ -162,6 +164,12 @@ def check_config(cfg: DictConfig, processes: int | None = None) -> RunSettings:
         run=run,
         token_budget=top["token_budget"],
     )
+
+
+def _linear_dims(model: LlamaConfig) -> dict[str, int]:
+    """The dimensions of the blocks' linear layers, by the setting that fixes each."""
+    return {"model.d_model": model.d_model, "model.n_kv_heads x head_dim": model.n_kv_heads * model.head_dim,
+            "model.mlp_hidden": model.mlp_hidden}  # fmt: skip
 
 
 def _check_budget(run: RunContext, lr_schedule: LRScheduleConfig) -> None:

@@ -38,6 +38,22 @@ PEAK_FLOPS: dict[str, float] = {
 }
 
 
+# Dense float8 (e4m3) peak FLOP/s of the devices with float8 tensor cores, from the same
+# data sheets: twice the bf16 peak. A float8 run's MFU stays against the bf16 peak (the
+# usual convention: the model's FLOPs, the device's headline precision); this one is shown
+# beside it, for how far the float8 matmuls are from their own ceiling.
+FLOAT8_PEAK_FLOPS: dict[str, float] = {
+    "NVIDIA H100 80GB HBM3": 1979e12,
+    "NVIDIA H100 PCIe": 1513e12,
+    "NVIDIA H100 NVL": 1671e12,
+    "NVIDIA H200": 1979e12,
+    "NVIDIA H200 NVL": 1671e12,
+    "NVIDIA GH200 480GB": 1979e12,
+    "NVIDIA L40S": 733e12,
+    "NVIDIA L4": 242.5e12,
+}
+
+
 def _block_parameters(config: LlamaConfig) -> tuple[int, int]:
     """Parameters of one block's attention projections and of its MLP."""
     kv_dim = config.n_kv_heads * config.head_dim
@@ -75,3 +91,8 @@ def recomputed_flops_per_token(config: LlamaConfig, seq_len: int, activation_che
 def peak_flops(device_name: str) -> float | None:
     """Peak bf16 FLOP/s of a CUDA device by its exact name (e.g. 'NVIDIA H100 80GB HBM3'), or None."""
     return PEAK_FLOPS.get(device_name.strip())
+
+
+def float8_peak_flops(device_name: str) -> float | None:
+    """Dense float8 peak FLOP/s of a CUDA device by its exact name, or None."""
+    return FLOAT8_PEAK_FLOPS.get(device_name.strip())

@@ -23,6 +23,7 @@ from torch.distributed.fsdp.wrap import wrap
 
 from lightning_modules.step_callback import StepCallback
 from common.data_groups import DataGroups
+from lightning_modules.float8 import float8_all_gather, precompute_fsdp_scales
 from lightning_modules.fused_cross_entropy import IGNORE_INDEX
 from lightning_modules.global_batch import BatchConfig, GlobalBatch
 from lightning_modules.llama import Llama, LlamaConfig, seed_from_global_rng
@@ -103,6 +104,7 @@ class LlamaLightningModule(L.LightningModule):
         self._step_tokens = 0
         self._grad_norm = torch.zeros(())
         self._step_callbacks: list[StepCallback] = []
+        self._float8_scales_per_step = False
 
     @property
     def step_callbacks(self) -> list[StepCallback]:
@@ -125,6 +127,7 @@ class LlamaLightningModule(L.LightningModule):
         dynamic = any(callback.varies_sequence_length for callback in self.step_callbacks)
         mesh = self._shard_mesh()
         apply_layout(model, self.layout, mesh=mesh, dynamic_seq_len=dynamic)
+        self._float8_scales_per_step = float8_all_gather(self.layout.float8, sharded=mesh is not None)
         seed = seed_from_global_rng()
         if self._trainer is not None and isinstance(self.trainer.strategy, FSDPStrategy):
             # Wrap the model itself (with the strategy's settings, which Lightning puts in
@@ -204,6 +207,10 @@ class LlamaLightningModule(L.LightningModule):
         if state.at_global_step_start:
             state.global_batch.apply_pending()
             state.schedule_tokens = state.clock.tokens
+        if self._float8_scales_per_step:
+            # After every change to the weights (optimizer, outer step, heal, resume), before
+            # the first all-gather: FSDP2 gathers float8 weights with these scales.
+            precompute_fsdp_scales(self.model)
         self._step_loss, self._step_tokens = torch.zeros((), device=self.device), 0
 
     def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:

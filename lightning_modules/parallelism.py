@@ -19,6 +19,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
 
 from common.errors import ConfigError
+from lightning_modules.float8 import FLOAT8_RECIPES, check_float8_available, convert_to_float8
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +58,9 @@ class LayoutConfig:
       Triton version (CUDA, ``pip install -e ".[gpu]"``).
     - ``liger_kernels``: route RMSNorm, SwiGLU and RoPE through liger-kernel (CUDA only).
     - ``fused_adamw``: AdamW's fused CUDA kernel (on CPU: the multi-tensor one).
+    - ``float8``: ``none``; ``tensorwise`` or ``rowwise`` trains the blocks' linear layers in
+      float8 through torchao (``float8.py``; H100/H200/L40S/L4, ``pip install -e ".[float8]"``).
+    - ``float8_emulate``: run float8's casts with float32 matmuls (any device; tests).
     """
 
     activation_checkpointing: str
@@ -67,10 +71,13 @@ class LayoutConfig:
     loss: str
     liger_kernels: bool
     fused_adamw: bool
+    float8: str
+    float8_emulate: bool
 
     def __post_init__(self) -> None:
         for name, choices in (("activation_checkpointing", ACTIVATION_CHECKPOINTING), ("compile", COMPILE),
-                              ("loss", LOSSES), ("attention_backend", ("auto", *ATTENTION_BACKENDS))):  # fmt: skip
+                              ("loss", LOSSES), ("attention_backend", ("auto", *ATTENTION_BACKENDS)),
+                              ("float8", FLOAT8_RECIPES)):  # fmt: skip
             if getattr(self, name) not in choices:
                 raise ConfigError(f"layout.{name}={getattr(self, name)!r} is unknown; choose one of {choices}.")
 
@@ -140,8 +147,11 @@ def apply_loss_kernel(model: nn.Module, loss: str) -> None:
 
 
 def check_kernels_available(config: LayoutConfig) -> None:
-    """Refuse Liger where it cannot run (no liger-kernel, or no CUDA device), before any work."""
+    """Refuse Liger or float8 where they cannot run (no package, no CUDA device, no float8
+    tensor cores), before any work."""
     from lightning_modules.liger_kernels import liger_available
+
+    check_float8_available(config.float8, config.float8_emulate)
 
     if config.needs_liger and not liger_available():
         raise ConfigError(
@@ -163,9 +173,10 @@ def liger_modules_compile(config: LayoutConfig, dynamic_seq_len: bool) -> bool:
 def apply_layout(model: nn.Module, config: LayoutConfig, mesh: DeviceMesh | None = None, dynamic_seq_len: bool = False) -> None:
     """Apply the configured layout; ``mesh`` is the data-parallel mesh when sharding.
 
-    Order, as torchtitan: kernels swapped in, then checkpointing wraps blocks, compile
-    compiles them (or, for the whole model, after sharding), FSDP2 shards each block and
-    then the root. Works on a meta-device model (nothing is allocated).
+    Order, as torchtitan: kernels swapped in and float8 linear layers converted, then
+    checkpointing wraps blocks, compile compiles them (or, for the whole model, after
+    sharding), FSDP2 shards each block and then the root. Works on a meta-device model
+    (nothing is allocated).
     """
     from lightning_modules.liger_kernels import apply_liger_kernels
 
@@ -178,6 +189,8 @@ def apply_layout(model: nn.Module, config: LayoutConfig, mesh: DeviceMesh | None
     elif config.liger_kernels:
         apply_liger_kernels(model)
     apply_loss_kernel(model, config.loss)
+    if config.float8 != "none":
+        convert_to_float8(model, config.float8, config.float8_emulate, sharded=mesh is not None)
     apply_activation_checkpointing(model, config.activation_checkpointing)
     if config.compile == "blocks":
         apply_compile(model, "blocks", dynamic_seq_len)

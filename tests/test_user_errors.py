@@ -39,6 +39,14 @@ def error_lines(stderr: str) -> list[str]:
         (["batch.micro_batch_size=3"], "batch.micro_batch_size=3 does not divide each rank's share"),
         (["+technique=diloco", "technique.diloco.replicas=0"], "technique.diloco.replicas=0"),
         (["data.tokenizer.vocab_size=4096"], "data.tokenizer.vocab_size=4096 applies to kind=bpe"),
+        (["layout.float8=fp8"], "error: layout.float8='fp8' is unknown; choose one of ('none', 'tensorwise', 'rowwise')."),
+        (["layout.float8=rowwise", "trainer.accelerator=cpu"],
+         "layout.float8=rowwise on a CPU run needs float8 emulation: add layout.float8_emulate=true"),
+        (["layout.float8=rowwise"], "layout.float8=rowwise needs float8 tensor cores (compute capability 8.9+"),
+        (["layout.float8=tensorwise", "strategy=fsdp"], "layout.float8=tensorwise does not compose with strategy=fsdp"),
+        (["layout.float8=rowwise", "layout.float8_emulate=true", "model.mlp_hidden=88"],
+         "multiples of 16, but model.mlp_hidden=88; choose such a model or set layout.float8=none."),
+        (["layout.float8_emulate=true"], "layout.float8_emulate=true has no effect with layout.float8=none"),
     ],
 )
 def test_setting_mistakes_are_one_line_before_any_work(overrides, message, tmp_path):

@@ -12,7 +12,8 @@ in between; validation time is left out, and so are the first ``warmup_steps`` s
 HFU adds the forward work that activation checkpointing recomputes. The peak comes from
 ``peak_flops_per_device`` or, on CUDA, from the device table in ``lightning_modules/flops.py``
 (matched by exact device name). With no known peak, MFU and HFU are not logged, and the
-run says so once.
+run says so once. A float8 run (``layout.float8``) keeps MFU against the bf16 peak and adds
+``perf/mfu_of_float8_peak``, the same FLOPs against the device's float8 peak.
 """
 
 import logging
@@ -23,7 +24,7 @@ import lightning as L
 import torch
 
 from lightning_modules.step_callback import StepCallback
-from lightning_modules.flops import model_flops_per_token, peak_flops, recomputed_flops_per_token
+from lightning_modules.flops import float8_peak_flops, model_flops_per_token, peak_flops, recomputed_flops_per_token
 from lightning_modules.training_state import TrainingState
 
 log = logging.getLogger(__name__)
@@ -40,6 +41,7 @@ class Throughput(StepCallback):
             raise ValueError("callbacks.throughput.peak_flops_per_device must be > 0 (or null).")
         self.warmup_steps = warmup_steps
         self.peak = peak_flops_per_device
+        self.float8_peak: float | None = None
         self.include_embedding = include_embedding
         self._mark: tuple[float, int, float, float] | None = None  # time, tokens, model and hardware FLOPs
         self._tokens = 0
@@ -64,8 +66,18 @@ class Throughput(StepCallback):
             self.peak = peak_flops(name)
             if self.peak is None and trainer.is_global_zero:
                 log.info("MFU is not logged: %r is not in the peak table; set callbacks.throughput.peak_flops_per_device.", name)
+        if state.layout.float8 != "none" and state.device.type == "cuda":
+            self._find_float8_peak(torch.cuda.get_device_name(state.device), trainer.is_global_zero)
         if self.warmup_steps == 0:
             self._mark = (self._now(state.device), self._tokens, *self._flops)
+
+    def _find_float8_peak(self, name: str, announce: bool) -> None:
+        self.float8_peak = float8_peak_flops(name)
+        if announce and self.peak is not None and self.float8_peak is not None:
+            log.info(
+                "float8: perf/mfu is against the bf16 peak (%.0f TFLOP/s); perf/mfu_of_float8_peak against float8's (%.0f TFLOP/s)",
+                self.peak / 1e12, self.float8_peak / 1e12,
+            )  # fmt: skip
 
     def on_step_end(self, state: TrainingState) -> None:
         model, hardware = self._flops_per_token(state)
@@ -103,6 +115,8 @@ class Throughput(StepCallback):
             per_device = seconds * self._world_size * self.peak
             rates["perf/mfu"] = (self._flops[0] - model_flops) / per_device
             rates["perf/hfu"] = (self._flops[1] - hardware_flops) / per_device
+            if self.float8_peak is not None:
+                rates["perf/mfu_of_float8_peak"] = rates["perf/mfu"] * self.peak / self.float8_peak
         return rates
 
     @staticmethod

@@ -1,0 +1,141 @@
+"""Float8 training of the transformer blocks' linear layers, through torchao.
+
+torchao's ``Float8Linear`` casts a linear layer's input, weight and output gradient to
+float8 with dynamic scales and multiplies them with ``torch._scaled_mm`` (the H100's
+float8 tensor cores), keeping the weights, gradients and optimizer in their usual dtype.
+Two recipes are offered, as torchao names them:
+
+- ``tensorwise``: one scale per tensor; the fastest. Under FSDP2 the weights are also
+  all-gathered in float8 (half the bytes of bf16), with the scales of all weights computed
+  in one pass after each optimizer step (``precompute_fsdp_scales``).
+- ``rowwise``: one scale per row (per column for the weight), e4m3 everywhere; more
+  accurate where rows differ in range, somewhat slower. Its weights are gathered in the
+  compute dtype (torchao's float8 all-gather supports the tensorwise recipe only).
+
+Only the blocks' projections are converted (``layers.*``): the embedding is a lookup, and
+the output head feeds the loss, whose precision float8 would cost most (torchtitan and
+torchao leave it out too). Conversion runs on the meta-device model before checkpointing,
+compile and sharding, so compile fuses the casts into each block's graph.
+
+FLOPs are counted as in bf16 (the same matmuls): MFU stays against the device's bf16 peak;
+the throughput callback also gives the share of the float8 peak (``flops.py``).
+
+``emulate`` runs the float8 casts and a float32 matmul of the float8 values (torchao's
+emulation), on any device: the CPU tests check the wiring and numerics this way. It is not
+faster than bf16 anywhere.
+"""
+
+import dataclasses
+import logging
+
+import torch
+from torch import nn
+
+from common.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+FLOAT8_RECIPES = ("none", "tensorwise", "rowwise")
+# torch._scaled_mm needs both dimensions of every float8 matmul to be multiples of 16.
+FLOAT8_DIM_MULTIPLE = 16
+FLOAT8_MIN_CAPABILITY = (8, 9)  # Ada (L4, L40S) and Hopper (H100, H200) have float8 tensor cores
+BLOCKS_PREFIX = "layers."
+
+
+def torchao_available() -> bool:
+    try:
+        import torchao.float8  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def float8_linear_config(recipe: str, emulate: bool, sharded: bool):
+    """torchao's config for ``recipe``; float8 all-gather under FSDP2 for the tensorwise recipe."""
+    from torchao.float8 import Float8LinearConfig
+
+    config = Float8LinearConfig.from_recipe_name(recipe)
+    return dataclasses.replace(config, emulate=emulate, enable_fsdp_float8_all_gather=sharded and recipe == "tensorwise")
+
+
+def is_block_linear(module: nn.Module, name: str) -> bool:
+    """The linear layers float8 converts: those inside the transformer blocks."""
+    return isinstance(module, nn.Linear) and name.startswith(BLOCKS_PREFIX)
+
+
+def convert_to_float8(model: nn.Module, recipe: str, emulate: bool, sharded: bool) -> list[str]:
+    """Swap the blocks' ``nn.Linear`` layers for torchao's ``Float8Linear`` in place; return their names.
+
+    Works on a meta-device model. Parameter names and shapes are unchanged, so checkpoints
+    of a float8 run load into a bf16 run and back.
+    """
+    from torchao.float8 import convert_to_float8_training
+
+    converted = [name for name, module in model.named_modules() if is_block_linear(module, name)]
+    convert_to_float8_training(
+        model, config=float8_linear_config(recipe, emulate, sharded), module_filter_fn=is_block_linear
+    )
+    return converted
+
+
+def float8_all_gather(recipe: str, sharded: bool) -> bool:
+    """Whether FSDP2 gathers this run's weights in float8 (then their scales are precomputed per step)."""
+    return sharded and recipe == "tensorwise"
+
+
+def precompute_fsdp_scales(model: nn.Module) -> None:
+    """Compute every float8-gathered weight's scale in one pass (one all-reduce of the amaxes)
+    after the optimizer step, instead of one per weight at each all-gather."""
+    from torchao.float8 import precompute_float8_dynamic_scale_for_fsdp
+
+    precompute_float8_dynamic_scale_for_fsdp(model)
+
+
+def float8_device_problem() -> str | None:
+    """Why this machine cannot run float8 matmuls (None: it can)."""
+    if not torch.cuda.is_available():
+        return "this machine has no CUDA GPU"
+    capability = torch.cuda.get_device_capability()
+    if capability < FLOAT8_MIN_CAPABILITY:
+        name = torch.cuda.get_device_name()
+        return f"{name} (compute capability {capability[0]}.{capability[1]}) has no float8 tensor cores"
+    return None
+
+
+def check_float8_settings(recipe: str, emulate: bool, strategy: str, accelerator: str, dims: dict[str, int]) -> None:
+    """The checks that need only the settings: run in ``check_config``, before anything starts."""
+    if recipe == "none":
+        if emulate:
+            raise ConfigError("layout.float8_emulate=true has no effect with layout.float8=none; set layout.float8=tensorwise or rowwise.")
+        return
+    if strategy == "fsdp":
+        raise ConfigError(
+            f"layout.float8={recipe} does not compose with strategy=fsdp (FSDP1 flattens the weights torchao"
+            " casts); use strategy=fsdp2."
+        )
+    if accelerator == "cpu" and not emulate:
+        raise ConfigError(
+            f"layout.float8={recipe} on a CPU run needs float8 emulation: add layout.float8_emulate=true"
+            " (for tests; it is slower than fp32), or set layout.float8=none."
+        )
+    odd = {name: size for name, size in dims.items() if size % FLOAT8_DIM_MULTIPLE}
+    if odd:
+        listed = ", ".join(f"{name}={size}" for name, size in odd.items())
+        raise ConfigError(
+            f"layout.float8={recipe}: float8 matmuls need the blocks' linear dimensions to be multiples of"
+            f" {FLOAT8_DIM_MULTIPLE}, but {listed}; choose such a model or set layout.float8=none."
+        )
+
+
+def check_float8_available(recipe: str, emulate: bool) -> None:
+    """The checks that need the machine: run as the run starts, before the data is read."""
+    if recipe == "none":
+        return
+    if not torchao_available():
+        raise ConfigError(f'layout.float8={recipe} needs torchao: pip install -e ".[float8]"; or set layout.float8=none.')
+    problem = None if emulate else float8_device_problem()
+    if problem:
+        raise ConfigError(
+            f"layout.float8={recipe} needs float8 tensor cores (compute capability 8.9+: H100, H200, L40S, L4), but"
+            f" {problem}; set layout.float8=none (or layout.float8_emulate=true, for tests)."
+        )
