@@ -16,9 +16,9 @@ squared gradient norm, the noise scale B_simple = tr(Sigma) / ||g||^2, the propo
 the applied global batch (inner-product tests add their two variances). A tested step
 reads its statistics on the host once, to decide.
 
-Memory: the norm test keeps one extra copy of this rank's gradient shard during tested
-steps with ``samples=micro_batch`` and none with ``samples=rank``; the inner-product tests
-with ``samples=micro_batch`` keep one copy per micro-step of the accumulation.
+Memory: the norm test keeps no extra copy of the gradient; the inner-product tests with
+``samples=micro_batch`` keep one copy of this rank's gradient shard per micro-step of the
+accumulation.
 """
 
 import logging
@@ -90,7 +90,7 @@ class AdaptiveBatchSize(StepCallback):
             return
         batch = state.global_batch
         if self._micro is not None:
-            self._micro.add_micro_step(batch.accumulation)
+            self._micro.add_micro_step(batch.accumulation, last=state.is_last_micro_batch)
             if state.is_last_micro_batch:
                 sample_size = batch.micro_batch_size * state.gradient_group_size
                 self._propose(state, self._micro.finish(batch.accumulation, sample_size))
