@@ -5,11 +5,11 @@ on one H100 or H200 within about nine minutes; a markdown table and a JSON file 
     python scripts/benchmark_gpu.py --sections techniques,overhead      # some sections
     python scripts/benchmark_gpu.py --quick --budget-seconds 1200       # CPU smoke mode
 
-The logic lives in ``benchmarks/gpu_suite.py``; docs/gpu_benchmark.md has the plan, the time
+The logic lives in ``benchmarks/gpu/``; docs/gpu_benchmark.md has the plan, the time
 estimate and the command for a bare GPU machine (wheels from scripts/fetch_gpu_wheels.sh).
 """
 
-from benchmarks.gpu_suite import main, parse_args
+from benchmarks.gpu.cli import main, parse_args
 
 __all__ = ["main", "parse_args"]
 

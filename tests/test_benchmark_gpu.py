@@ -1,4 +1,4 @@
-"""The one-call GPU benchmark (benchmarks/gpu_suite.py) in its CPU smoke mode, Dynamo's graph
+"""The one-call GPU benchmark (benchmarks/gpu/) in its CPU smoke mode, Dynamo's graph
 count it reads for sequence-length warmup, and the wheels it needs on a bare GPU machine."""
 
 import importlib.metadata
@@ -11,8 +11,8 @@ import torch
 import torch._dynamo
 from packaging.requirements import Requirement
 
-from benchmarks import gpu_suite
-from benchmarks.gpu_suite import GraphCounts, compiled_graphs
+from benchmarks.gpu import cli as gpu_cli
+from benchmarks.gpu.graph_count import GraphCounts, compiled_graphs
 from tests.run_helpers import REPO
 
 WHEELS = REPO / "scripts" / "gpu_wheels.txt"
@@ -51,7 +51,7 @@ def quick_report(tmp_path_factory):
     """One --quick run of the techniques and overhead sections (2 + 2 steps per run)."""
     root = tmp_path_factory.mktemp("benchmark_gpu")
     arguments = ["--quick", "--sections", "techniques,overhead", "--out", str(root / "out"), "--cache-dir", str(root / "cache")]
-    gpu_suite.main(arguments)
+    gpu_cli.main(arguments)
     return json.loads((root / "out" / "benchmark_gpu.json").read_text()), (root / "out" / "benchmark_gpu.md").read_text()
 
 
@@ -90,7 +90,7 @@ def test_quick_mode_counts_graphs_over_the_length_curriculum(quick_report):
 
 
 def test_runs_that_would_pass_the_budget_are_reported_as_skipped(tmp_path):
-    gpu_suite.main(["--quick", "--budget-seconds", "0", "--out", str(tmp_path)])
+    gpu_cli.main(["--quick", "--budget-seconds", "0", "--out", str(tmp_path)])
     data = json.loads((tmp_path / "benchmark_gpu.json").read_text())
     assert list(data["sections"]) == ["layouts", "kernels", "mfu", "correctness", "techniques", "overhead"]
     assert len(data["sections"]["layouts"]) == 2 * 3 * 2 + 2 * 2  # the grid, then two layouts per smaller model
