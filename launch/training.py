@@ -9,6 +9,7 @@ import os
 from dataclasses import dataclass
 
 import lightning as L
+import torch
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from omegaconf import DictConfig
 
@@ -20,10 +21,12 @@ from launch.builders import (
     build_trainer,
     close_loggers,
     processes,
+    vocab_for,
 )
 from launch.console import quiet_console
 from launch.resume import check_resume
 from launch.run_settings import RunSettings, check_config, check_files
+from lightning_modules.memory_plan import check_fits, memory_plan
 from lightning_modules.parallelism import check_kernels_available
 
 log = logging.getLogger(__name__)
@@ -35,6 +38,22 @@ class RunResult:
 
     metrics: dict[str, float]
     finished: bool
+
+
+def check_device_memory(cfg: DictConfig, settings: RunSettings, vocab_size: int) -> None:
+    """On a GPU run: log the memory plan per device, and refuse a model that cannot fit."""
+    if settings.run.accelerator == "cpu" or not torch.cuda.is_available():
+        return
+    run = settings.run
+    plan = memory_plan(
+        vocab_for(settings.model, vocab_size), precision=str(cfg.trainer.precision), optimizer=settings.optimizer.kind,
+        shards=run.world_size if run.strategy in ("fsdp", "fsdp2") else 1, micro_batch=run.micro_batch_size,
+        seq_len=run.seq_len, checkpointing=settings.layout.activation_checkpointing, loss=settings.layout.loss,
+    )  # fmt: skip
+    name, memory = torch.cuda.get_device_name(), torch.cuda.get_device_properties(0).total_memory
+    check_fits(plan, settings.model.name, name, memory)
+    if int(os.environ.get("LOCAL_RANK", 0)) == 0:
+        log.info("memory plan per device (%s, %.1f GiB): %s", name, memory / 2**30, plan.describe())
 
 
 def train(cfg: DictConfig, settings: RunSettings) -> RunResult:
@@ -49,6 +68,7 @@ def train(cfg: DictConfig, settings: RunSettings) -> RunResult:
     check_kernels_available(settings.layout)
     L.seed_everything(cfg.seed, workers=True, verbose=False)
     datamodule = build_datamodule(cfg, settings)
+    check_device_memory(cfg, settings, datamodule.vocab_size)
     if int(os.environ.get("LOCAL_RANK", 0)) == 0:
         # Tokenize (or find the cache) and check it before any logger starts, so a data
         # mistake ends the run with its one line and no logger files; Lightning's own

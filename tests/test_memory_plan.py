@@ -1,0 +1,52 @@
+"""The memory plan against Llama-2-7B counted by hand, and the refusal of a model that cannot fit."""
+
+import pytest
+import torch
+
+from common.errors import ConfigError
+from lightning_modules.llama import LlamaConfig
+from lightning_modules.memory_plan import GIB, check_fits, memory_plan
+from tests.run_helpers import train_in_process
+
+LLAMA2_7B = LlamaConfig(name="llama2_7b", vocab_size=32000, n_layers=32, d_model=4096, n_heads=32, mlp_hidden=11008)
+# Llama-2-7B by hand: 2 embedding matrices, 32 x (4 attention + 3 MLP matrices + 2 norms), a final norm.
+LLAMA2_7B_PARAMETERS = 2 * 32000 * 4096 + 32 * (4 * 4096 * 4096 + 3 * 4096 * 11008 + 2 * 4096) + 4096
+
+
+def test_llama2_7b_states_are_16_bytes_per_parameter_under_mixed_precision():
+    assert LLAMA2_7B_PARAMETERS == 6_738_415_616  # the published count
+    plan = memory_plan(LLAMA2_7B, precision="bf16-mixed", optimizer="adamw", shards=1, micro_batch=1, seq_len=4096,
+                       checkpointing="full", loss="liger")  # fmt: skip
+    assert plan.states == 16 * LLAMA2_7B_PARAMETERS
+    # Full checkpointing keeps each block's bf16 input, and one block is recomputed at a time.
+    one_block = 6 * 4096 + 2 * 4096 + 5 * 11008
+    assert plan.activations == 4096 * (2 * (32 * 4096 + one_block) + 4 * 4096)
+
+
+def test_sharding_divides_the_states_and_bf16_true_halves_them():
+    mixed = memory_plan(LLAMA2_7B, precision="bf16-mixed", optimizer="adamw", shards=4, micro_batch=1, seq_len=4096,
+                        checkpointing="none", loss="plain")  # fmt: skip
+    pure = memory_plan(LLAMA2_7B, precision="bf16-true", optimizer="adamw", shards=4, micro_batch=1, seq_len=4096,
+                       checkpointing="none", loss="plain")  # fmt: skip
+    assert mixed.states == pytest.approx(16 * LLAMA2_7B_PARAMETERS / 4)
+    assert pure.states == pytest.approx(mixed.states / 2)
+
+
+def test_a_model_whose_states_exceed_the_device_is_refused_naming_the_fix():
+    plan = memory_plan(LLAMA2_7B, precision="bf16-mixed", optimizer="adamw", shards=1, micro_batch=1, seq_len=4096,
+                       checkpointing="full", loss="liger")  # fmt: skip
+    with pytest.raises(ConfigError, match=r"model=llama2_7b cannot fit: .* 100\.4 GiB .* than the NVIDIA H100 80GB HBM3's 79\.2 GiB; shard"):
+        check_fits(plan, "llama2_7b", "NVIDIA H100 80GB HBM3", int(79.2 * GIB))
+    check_fits(plan, "llama2_7b", "NVIDIA H200", int(139.8 * GIB))  # fits: no error
+
+
+def test_a_gpu_run_that_cannot_fit_exits_2_before_reading_data(monkeypatch, tmp_path):
+    """A pretend 1 GiB GPU: the tiny model fits, a 1.1B model (17.6 GB of states) does not."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *args: "Small GPU")
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda *args: type("P", (), {"total_memory": GIB})())
+    code, stderr = train_in_process(["model=tinyllama_1b", "trainer.accelerator=gpu"], tmp_path / "run", tmp_path / "cache")
+    lines = [line for line in stderr.splitlines() if line.startswith("error: ")]
+    assert code == 2 and len(lines) == 1, stderr[-3000:]
+    assert "model=tinyllama_1b cannot fit" in lines[0] and "than the Small GPU's 1.0 GiB" in lines[0]
+    assert not (tmp_path / "cache").exists() and not (tmp_path / "run").exists()
