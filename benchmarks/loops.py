@@ -19,6 +19,7 @@ from omegaconf import DictConfig
 from benchmarks.memory_logger import MemoryLogger
 from launch.builders import build_callbacks, build_datamodule, build_module, build_trainer, vocab_for
 from launch.run_settings import check_config
+from launch.training import check_device_memory
 from lightning_modules.llama import Llama, seed_from_global_rng
 from lightning_modules.lr_schedule import learning_rate
 from lightning_modules.meta_init import materialize_and_init
@@ -67,8 +68,10 @@ class Measured:
 def framework_run(cfg: DictConfig) -> Measured:
     """Train through the framework's pieces (as train.py does) and read what it logged."""
     settings = check_config(cfg)
+    check_kernels_available(settings.layout)
     L.seed_everything(cfg.seed, verbose=False)
     datamodule = build_datamodule(cfg, settings)
+    check_device_memory(cfg, settings, datamodule.vocab_size)
     module = build_module(cfg, settings, datamodule.vocab_size)
     logger = MemoryLogger()
     trainer = build_trainer(cfg, settings, [logger], build_callbacks(cfg, settings))

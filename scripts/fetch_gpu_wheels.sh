@@ -23,7 +23,7 @@ grep -v '^\s*\(#\|$\)' scripts/gpu_wheels.txt | while read -r pin; do
     fi
 done
 
-impure=$(ls .whl/*.whl | grep -v -e '-none-any\.whl$' -e 'cp312' || true)
+impure=$(ls .whl/*.whl | grep -v -e '-none-any\.whl$' -e 'cp312' -e '-abi3-' || true)
 if [ -n "$impure" ]; then
     echo "error: built for this machine's Python, not 3.12 on x86_64: $impure" >&2
     exit 1

@@ -259,7 +259,7 @@ def test_liger_module_kernels_stay_out_of_graphs_compiled_with_dynamic_shapes(mo
     layout that compiles with them keeps the plain modules; eager and static compiles swap."""
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(liger_kernels, "liger_fused_linear_cross_entropy", lambda *args, **kwargs: None)
-    layout = LayoutConfig(activation_checkpointing="none", compile=compile_mode, reshard_after_forward=True,
+    layout = LayoutConfig(activation_checkpointing="none", compile=compile_mode, compile_mode="default", reshard_after_forward=True,
                           fsdp_mixed_precision=False, attention_backend="auto", loss="plain", liger_kernels=True,
                           fused_adamw=False, float8="none", float8_emulate=False)  # fmt: skip
     with torch.device("meta"):

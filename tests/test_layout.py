@@ -101,3 +101,13 @@ def test_dynamic_compile_does_not_recompile_when_the_first_length_equals_d_model
         model(torch.randint(0, 64, (2, length))).float().mean().backward()
         graphs.append(counters["stats"]["unique_graphs"])
     assert graphs[1:] == [graphs[0]] * 2
+
+
+@pytest.mark.parametrize(("compile_mode", "expected"), [("default", None), ("max-autotune-no-cudagraphs", "max-autotune-no-cudagraphs")])
+def test_the_inductor_mode_reaches_every_compiled_block(monkeypatch, compile_mode, expected):
+    calls = []
+    monkeypatch.setattr(torch.nn.Module, "compile", lambda self, **kwargs: calls.append(kwargs))
+    with torch.device("meta"):
+        model = Llama(LlamaConfig(n_layers=3, d_model=32, n_heads=4, vocab_size=64))
+    apply_layout(model, default_settings(LayoutConfig, "layout", compile="blocks", compile_mode=compile_mode))
+    assert calls == [{"dynamic": None, "mode": expected}] * 3

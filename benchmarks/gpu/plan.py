@@ -21,6 +21,10 @@ class Plan:
     ``correctness_lr`` is TinyLlama's pretraining peak LR: the default recipe's 8e-3 (a
     0.8M model's) makes a 300M model's loss jump about within 20 steps, where any
     difference in rounding grows into a large loss difference and the checks test chaos.
+    ``float8`` holds what float8 needs here (nothing on an H100; torchao's emulation on CPU);
+    ``float8_loss_steps`` is the length of the float8-against-bf16 loss comparison.
+    ``large_model`` at ``large_seq_len`` is the single-device fit (Llama-2-7B at 4096 tokens
+    on the GPU), in micro-batches of each of ``large_micro_batches``.
     """
 
     name: str
@@ -41,6 +45,11 @@ class Plan:
     kernels_label: str
     work_kernels: tuple[str, ...]
     kernel_layout: tuple[int, str, str]
+    float8: tuple[str, ...]
+    float8_loss_steps: int
+    large_model: str
+    large_seq_len: int
+    large_micro_batches: tuple[int, ...]
     run_seconds: float
     compile_seconds: float
 
@@ -86,6 +95,11 @@ def gpu_plan() -> Plan:
         kernels_label=label,
         work_kernels=without_liger_modules(kernels),
         kernel_layout=(8, "none", "blocks"),
+        float8=(),
+        float8_loss_steps=200,
+        large_model="llama2_7b",
+        large_seq_len=4096,
+        large_micro_batches=(2, 1),
         run_seconds=15.0,
         compile_seconds=25.0,
     )
@@ -114,6 +128,11 @@ def quick_plan() -> Plan:
         kernels_label=label,
         work_kernels=without_liger_modules(kernels),
         kernel_layout=(4, "none", "none"),
+        float8=("layout.float8_emulate=true",),
+        float8_loss_steps=6,
+        large_model="tiny",
+        large_seq_len=128,
+        large_micro_batches=(2, 1),
         run_seconds=5.0,
         compile_seconds=25.0,
     )

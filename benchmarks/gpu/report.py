@@ -2,6 +2,7 @@
 
 import dataclasses
 import datetime
+import importlib.metadata
 import json
 import platform
 from pathlib import Path
@@ -23,6 +24,13 @@ def device_name(plan: Plan) -> str:
     return f"CPU ({platform.machine()}, {torch.get_num_threads()} threads)"
 
 
+def torchao_version() -> str | None:
+    try:
+        return importlib.metadata.version("torchao")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
 def header(suite: Suite) -> dict[str, Any]:
     plan, args = suite.plan, suite.args
     return {
@@ -33,6 +41,7 @@ def header(suite: Suite) -> dict[str, Any]:
         "cuda": torch.version.cuda,
         "python": platform.python_version(),
         "liger_available": liger_available(),
+        "torchao": torchao_version(),
         "kernels": plan.kernels_label,
         "work_kernels": list(plan.work_kernels),
         "sections": args.sections,
@@ -50,7 +59,8 @@ def header(suite: Suite) -> dict[str, Any]:
 def markdown(head: dict[str, Any], tables: list[Table]) -> str:
     title = f"# GPU benchmark: {head['device']}, {head['date']}"
     settings = (
-        f"plan {head['plan']}; torch {head['torch']} (CUDA {head['cuda'] or 'none'}), Python {head['python']};"
+        f"plan {head['plan']}; torch {head['torch']} (CUDA {head['cuda'] or 'none'}), torchao {head['torchao']},"
+        f" Python {head['python']};"
         f" kernels: {head['kernels']} (techniques and overhead: {' '.join(head['work_kernels'])});"
         f" {head['warmup']} warm-up + {head['steps']} timed steps per throughput run,"
         f" global batch {head['global_batch']} x {head['seq_len']} tokens; correctness over {head['correctness_steps']}"

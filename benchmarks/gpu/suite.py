@@ -32,6 +32,10 @@ class Budget:
         self.observed[cost_key] = max(seconds, self.observed.get(cost_key, 0.0))
 
 
+# What Inductor's max-autotune adds to a compile (benchmarking matmul and fusion configurations).
+AUTOTUNE_SECONDS = 180.0
+
+
 class Suite:
     """The runs of one call (each at most once: sections share baselines), the time budget and
     the progress log on stderr."""
@@ -44,11 +48,13 @@ class Suite:
     def log(self, message: str) -> None:
         print(f"[{self.budget.elapsed():6.1f} s] {message}", file=sys.stderr, flush=True)
 
-    def overrides(self, model: str, *extra: str) -> list[str]:
-        """Every run's overrides: the plan's base, the model, the packed length, shared cache."""
+    def overrides(self, model: str, *extra: str, seq_len: int | None = None) -> list[str]:
+        """Every run's overrides: the plan's base, the model, the packed length (the plan's
+        unless given), shared cache."""
         cache = [f"paths.cache_dir={self.args.cache_dir}"] if self.args.cache_dir else []
         peak = [f"callbacks.throughput.peak_flops_per_device={self.args.peak_flops}"] if self.args.peak_flops else []
-        return [*self.plan.base, *cache, *peak, f"model={model}", f"data.seq_len={self.plan.seq_len}", *extra]
+        length = seq_len or self.plan.seq_len
+        return [*self.plan.base, *cache, *peak, f"model={model}", f"data.seq_len={length}", *extra]
 
     def run(self, label: str, overrides: list[str], steps: int, warmup: int, loop: str = "framework",
             every_step: bool = False, repeat: int = 0) -> RunResult:  # fmt: skip
@@ -62,6 +68,8 @@ class Suite:
         cost_key = (loop, steps + warmup, override_value(overrides, "model", "tiny"), compile_mode,
                     override_value(overrides, "trainer.precision", self.plan.precision))  # fmt: skip
         expected = self.plan.run_seconds + (self.plan.compile_seconds if compile_mode != "none" else 0.0)
+        if override_value(overrides, "layout.compile_mode", "default") != "default":
+            expected += AUTOTUNE_SECONDS
         if self.budget.fits(cost_key, expected):
             self.log(f"{self.budget.section}: {label} ...")
             measure(result, every_step)
