@@ -29,18 +29,23 @@ from callbacks.batch_size.noise_tests import SampleSums
 from lightning_modules.sharded_sums import Groups, local, shard_groups, sum_over_shards
 
 
-def _squared_norms(tensors: list[torch.Tensor], device: torch.device) -> torch.Tensor:
+def squared_norms(tensors: list[torch.Tensor], device: torch.device) -> torch.Tensor:
     """Sum of squared norms in float64, on the device (no host sync: called during backward).
 
     The tests subtract n ||g||^2 from sum_j ||g_j||^2, two nearly equal numbers when the
-    noise is small, so rounding in either is amplified many times. A float32 norm of a
-    whole tensor is too coarse (on CPU, 8e-3 relative for 5e7 elements), and a float64
-    norm (``dtype=torch.float64``) first copies the tensor to float64, which tripled the
-    cost of a tested step on an H100. Rows of ``NORM_ROW`` elements are reduced in float32
-    (one kernel, no copy) and the rows' squares summed in float64: 1e-9 relative.
+    noise is small, so rounding in either is amplified. On CUDA, one multi-tensor kernel
+    (``torch._foreach_norm``) takes every tensor's norm with float32 partial sums over
+    blocks (docs/gpu_benchmark.md measures its error against float64); a kernel or more
+    per tensor cost the norm test 5% of a TinyLlama step in launches alone. On CPU, where
+    a float32 norm of a whole tensor sums sequentially (8e-3 relative for 5e7 elements),
+    rows of ``NORM_ROW`` elements are reduced in float32 and the rows' squares summed in
+    float64: 1e-9 relative. A float64 norm (``dtype=torch.float64``) would first copy the
+    tensor to float64, which tripled the cost of a tested step on an H100.
     """
     if not tensors:
         return torch.zeros((), dtype=torch.float64, device=device)
+    if device.type == "cuda":
+        return torch.stack(torch._foreach_norm(tensors)).double().square().sum()
     return torch.stack([_squared_norm(t) for t in tensors]).sum()
 
 
@@ -56,7 +61,7 @@ def _squared_norm(tensor: torch.Tensor) -> torch.Tensor:
 
 
 def _dots(left: list[torch.Tensor], right: list[torch.Tensor], device: torch.device) -> torch.Tensor:
-    """Sum of inner products, each product in float32 and the sum in float64 (see ``_squared_norms``)."""
+    """Sum of inner products, each product in float32 and the sum in float64 (see ``squared_norms``)."""
     if not left:
         return torch.zeros((), dtype=torch.float64, device=device)
     return torch.stack([torch.sum(a.float() * b.float(), dtype=torch.float64) for a, b in zip(left, right)]).sum()
@@ -99,7 +104,7 @@ class MicroStepSamples:
             sums = self._sums[key]
             present = [index for index, p in enumerate(parameters) if p.grad is not None]
             grads = [local(parameters[index].grad) for index in present]
-            self._sum_sq[key] += _squared_norms([g.float() for g in grads], self.device) * accumulation**2
+            self._sum_sq[key] += squared_norms([g.float() for g in grads], self.device) * accumulation**2
             if self.keep:
                 self._kept[key].append([g.float() for g in grads])
             running = [index for index in present if sums[index] is not None]
@@ -121,7 +126,7 @@ class MicroStepSamples:
         for key, parameters in self.by_groups.items():
             grads = [local(p.grad).float() for p in parameters if p.grad is not None]
             dots = [_dots(sample, grads, self.device) * n for sample in self._kept[key]]
-            partials[key] = torch.stack([self._sum_sq[key], _squared_norms(grads, self.device), *dots])
+            partials[key] = torch.stack([self._sum_sq[key], squared_norms(grads, self.device), *dots])
         totals = sum_over_shards(partials).cpu()
         self.start()
         sums = SampleSums(n=n, sample_size=sample_size, sum_sq=totals[0].item(), g_sq=totals[1].item())
@@ -148,7 +153,7 @@ class RankSamples:
         if not self.active:
             return allreduce_hook(None, bucket)
         mine = bucket.buffer().float()
-        self._sq += _squared_norms([mine], self.device)
+        self._sq += squared_norms([mine], self.device)
         if self.keep:
             mine = mine.clone()  # the all-reduce works in place on the buffer
         future = allreduce_hook(None, bucket)
@@ -164,7 +169,7 @@ class RankSamples:
 
     def finish(self, parameters: list[torch.nn.Parameter], sample_size: int) -> SampleSums:
         """After the step's backward: the gradients now hold the average over ranks."""
-        g_sq = _squared_norms([p.grad for p in parameters if p.grad is not None], self.device).item()
+        g_sq = squared_norms([p.grad for p in parameters if p.grad is not None], self.device).item()
         totals = torch.stack([self._sq, self._dot, self._dot.square()])
         dist.all_reduce(totals, op=dist.ReduceOp.SUM)
         sq, dot_sum, dot_sq_sum = totals.cpu().tolist()

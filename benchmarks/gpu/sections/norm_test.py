@@ -10,10 +10,15 @@ import json
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from benchmarks.gpu.runs import RunResult
 from benchmarks.gpu.sections.techniques import MAX_TECHNIQUE_OVERHEAD, NEVER_GROWS
 from benchmarks.gpu.suite import Suite
 from benchmarks.gpu.tables import Column, Table, decimals, percent, rate
+from callbacks.batch_size.gradient_samples import squared_norms
+from lightning_modules.llama import Llama
+from launch.typed_settings import settings_from_config
 
 NORM_COLUMNS = [
     Column("layout", "layout"),
@@ -72,6 +77,24 @@ def norm_row(layout: str, baseline: RunResult, tested: RunResult, profiles: tupl
     return {**row, "overhead": overhead, "result": "within" if overhead <= MAX_TECHNIQUE_OVERHEAD else "OVER"}
 
 
+def squared_norm_error(model_name: str, device: str) -> float:
+    """Relative error of the norm test's squared norms on the device, over random gradients of
+    the model's parameter shapes, against float64."""
+    from omegaconf import OmegaConf
+
+    from benchmarks.loops import REPO
+    from lightning_modules.llama import LlamaConfig
+
+    node = OmegaConf.load(REPO / "conf" / "model" / f"{model_name}.yaml")
+    config = settings_from_config(LlamaConfig, {**OmegaConf.to_container(node), "vocab_size": 32000}, "model")
+    with torch.device("meta"):
+        shapes = [p.shape for p in Llama(config).parameters()]
+    generator = torch.Generator(device).manual_seed(0)
+    grads = [torch.randn(shape, device=device, generator=generator) * 1e-3 for shape in shapes]
+    exact = sum(g.double().square().sum() for g in grads)
+    return (abs(squared_norms(grads, torch.device(device)) - exact) / exact).item()
+
+
 def norm_test(suite: Suite) -> Table:
     plan, args = suite.plan, suite.args
     batch, micro = plan.global_batch, plan.work_micro_batch
@@ -94,6 +117,9 @@ def norm_test(suite: Suite) -> Table:
         rows.append(norm_row(layout, runs[0], runs[1], profiles))
         if all(profiles):
             written.append(profile_difference(*profiles))
+    error = squared_norm_error(plan.model, plan.device)
+    rows.append({"layout": f"squared norms of {plan.model}-shaped gradients against float64 ({plan.device})",
+                 "result": f"relative error {error:.1e}"})  # fmt: skip
     if written:
         (out / "norm_test_profile.md").write_text("# Norm test: where its time goes (eager, profiled)\n\n" + written[0] + "\n")
     return Table("norm_test", NORM_COLUMNS, rows)
