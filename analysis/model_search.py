@@ -22,8 +22,9 @@ over the tuning seeds, so a resumed study, or a second worker, proposes the same
   another is asked (it still counts as the searcher's own choice); a point already open in
   the round is refused and re-asked; after ``MAX_REPEATS`` repeats in a row the searcher takes
   a random point not yet run, from its seeded generator.
-- **Diverged runs** (a NaN loss) are told the worst finite loss so far plus one nat, so the
-  model learns to avoid them without a spike that flattens the rest of the surface.
+- **Diverged runs** (a loss that is NaN, infinite or above ``DIVERGED_LOSS``) are told the
+  worst loss so far that is not, plus one nat, so the model learns to avoid them without a
+  spike that flattens the rest of the surface.
 - **Own points.** The winner is picked among the points the sampler chose itself; an anchor
   it never chose stays a control, which is what lets the regret check
   (``analysis/tuner.py``) say the search fell short of a known point.
@@ -66,6 +67,11 @@ class Replay:
 
 
 @contextlib.contextmanager
+# Nats per token above which a run has diverged: worse than a uniform guess over any
+# vocabulary (ln 1e6 = 13.8). A diverged run's validation loss can be in the thousands.
+DIVERGED_LOSS = 100.0
+
+
 def _one_thread() -> Iterator[None]:
     import torch
 
@@ -182,10 +188,14 @@ def _ask(study, distributions: dict, told: dict[Point, float], open_points: set[
     return None
 
 
+def diverged(loss: float) -> bool:
+    return not loss <= DIVERGED_LOSS  # NaN compares false
+
+
 def _told_value(loss: float, told: dict[Point, float]) -> float:
-    """The loss as the sampler sees it: a NaN (a diverged run) as the worst finite loss so far
-    plus one nat (or 1e3 before any finite loss)."""
-    if not math.isnan(loss):
+    """The loss as the sampler sees it: a diverged run's as the worst loss so far of a run
+    that did not diverge, plus one nat (or ``DIVERGED_LOSS`` before any)."""
+    if not diverged(loss):
         return loss
-    finite = [v for v in told.values() if not math.isnan(v)]
-    return max(finite) + 1.0 if finite else 1e3
+    trained = [v for v in told.values() if not diverged(v)]
+    return max(trained) + 1.0 if trained else DIVERGED_LOSS

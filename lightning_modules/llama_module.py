@@ -12,6 +12,7 @@ state and calls the step-level hooks of ``lightning_modules/step_callback.py`` i
 
 import logging
 import math
+import sys
 from dataclasses import asdict
 from typing import Any
 
@@ -43,10 +44,17 @@ from lightning_modules.training_state import TrainingState
 
 PROGRESS_BAR_KEYS = ("train/loss", "perf/tokens_per_sec", "train/global_batch_size", "train/seq_len", "diloco/round", "diloco/pseudo_grad_norm")
 log = logging.getLogger(__name__)
+LARGEST_EXP_ARGUMENT = math.log(sys.float_info.max)  # 709.78
 
 
 def processes(count: int) -> str:
     return f"{count} process{'' if count == 1 else 'es'}"
+
+
+def perplexity(loss: float) -> float:
+    """exp(loss), inf where that overflows: a diverged run (loss above ~709 nats; NaN stays
+    NaN) is logged and judged as such instead of ending the run, or a sweep, with an error."""
+    return math.inf if loss > LARGEST_EXP_ARGUMENT else math.exp(loss)
 
 
 class LlamaLightningModule(L.LightningModule):
@@ -340,7 +348,7 @@ class LlamaLightningModule(L.LightningModule):
         }
         if not self.trainer.sanity_checking:
             value = val_loss.item()
-            row = {"val/loss": value, "val/ppl": math.exp(value), **per_source,
+            row = {"val/loss": value, "val/ppl": perplexity(value), **per_source,
                    "train/tokens_seen": float(self.training_state.clock.tokens)}  # fmt: skip
             for logger in self.loggers:
                 logger.log_metrics(row, step=self.training_state.clock.steps)

@@ -154,3 +154,14 @@ def test_progress_lines_count_time_from_the_start_of_training_across_epochs(tmp_
     output = result.stdout + result.stderr
     elapsed = [60 * int(m) + int(s) for m, s in re.findall(r"(\d+)m(\d+)s elapsed", output)]
     assert len(elapsed) >= 4 and elapsed == sorted(elapsed) and elapsed[-1] >= 2
+
+
+def test_a_diverged_validation_loss_gives_an_infinite_perplexity_not_an_error():
+    """A study's tuning run at an extreme point (loss 1e3 nats) once ended the sweep with
+    ``OverflowError: math range error`` from exp(loss)."""
+    from lightning_modules.llama_module import perplexity
+
+    assert perplexity(2.0) == pytest.approx(7.38905609893065)
+    assert perplexity(709.0) == pytest.approx(8.218407461554972e307)
+    assert perplexity(1e3) == float("inf")
+    assert perplexity(float("nan")) != perplexity(float("nan"))  # NaN stays NaN
