@@ -66,12 +66,12 @@ class Replay:
     own: frozenset[Point]
 
 
-@contextlib.contextmanager
 # Nats per token above which a run has diverged: worse than a uniform guess over any
 # vocabulary (ln 1e6 = 13.8). A diverged run's validation loss can be in the thousands.
 DIVERGED_LOSS = 100.0
 
 
+@contextlib.contextmanager
 def _one_thread() -> Iterator[None]:
     import torch
 

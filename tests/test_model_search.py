@@ -125,6 +125,19 @@ def test_a_diverged_run_is_told_as_the_worst_and_never_wins() -> None:
     assert tuning.winner == first[1] and len(tuning.pending) == 3 and first[0] not in tuning.pending
 
 
+@pytest.mark.parametrize("blown_up", [1e3, math.inf])
+def test_a_loss_in_the_thousands_is_told_as_a_diverged_run_not_as_itself(blown_up) -> None:
+    """A diverged DiLoCo run ended at a validation loss of about 1e3: told as itself it would
+    dwarf the surface the model fits; it must plan exactly as a NaN does."""
+    search = Search(SearchSpace((LR,)), "gp", budget=9, round_size=3, seed=0)
+    first = Tuning(search, {}).pending
+    forget_asked_rounds()
+    as_nan = Tuning(search, {p: (math.nan if i == 0 else 1.0 + 0.01 * i) for i, p in enumerate(first)}).pending
+    forget_asked_rounds()
+    as_loss = Tuning(search, {p: (blown_up if i == 0 else 1.0 + 0.01 * i) for i, p in enumerate(first)}).pending
+    assert as_loss == as_nan
+
+
 def test_a_joint_search_needs_no_duplicate_runs_in_a_tiny_space() -> None:
     tiny = SearchSpace((Choice("x", (1, 2, 3)),))
     results, rounds = {}, []
