@@ -216,3 +216,19 @@ def test_any_torch_optimizer_is_the_outer_optimizer_and_checkpoints_through_its_
     for each in (outer, restored):
         each.step([0], [torch.tensor([0.2, 0.1])])
     torch.testing.assert_close(restored.anchors[0], anchor[0], rtol=0, atol=0)
+
+
+def test_the_count_of_discarded_rounds_is_kept_across_a_resume(tmp_path, tmp_path_factory):
+    """A checkpoint says 3 rounds were discarded before it (as torchft groups record them);
+    the run resumed from it carries the count on into its own checkpoints."""
+    first = DILOCO + ["trainer.max_steps=4", "callbacks.model_checkpoint.every_n_train_steps=2"]
+    train(first, tmp_path / "first", tmp_path_factory)
+    path = tmp_path / "first/checkpoints/step000002.ckpt"
+    checkpoint = torch.load(path, weights_only=False)
+    (key,) = [key for key in checkpoint["callbacks"] if key.startswith("DiLoCo")]
+    assert checkpoint["callbacks"][key]["discarded_rounds"] == 0
+    checkpoint["callbacks"][key]["discarded_rounds"] = 3
+    torch.save(checkpoint, path)
+    train(first + [f"ckpt_path={path}"], tmp_path / "resumed", tmp_path_factory)
+    resumed = torch.load(tmp_path / "resumed/checkpoints/last.ckpt", weights_only=False)
+    assert resumed["callbacks"][key]["discarded_rounds"] == 3

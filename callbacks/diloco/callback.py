@@ -82,6 +82,7 @@ class DiLoCo(StepCallback):
         self._loaded: dict[str, Any] | None = None
         self._groups: TorchftGroup | None = None  # backend=torchft: this job's replica group
         self._groups_state: dict[str, int] | None = None  # its torchft step, from a checkpoint
+        self._discarded = 0  # rounds this group's runs saw discarded before a resume
         self._sync_seconds = 0.0
         self._rejoin_seconds: float | None = None
 
@@ -118,6 +119,7 @@ class DiLoCo(StepCallback):
             norm=self._norm,
             average=self._groups.average if self._groups is not None else None,
         )
+        self._sync.discarded = self._discarded
         if self._loaded is not None:
             self._restore(self._loaded)
             self._loaded = None
@@ -139,15 +141,15 @@ class DiLoCo(StepCallback):
         return groups
 
     def _recovery_state(self, state: TrainingState) -> dict[str, Any]:
-        """What this group sends one that rejoins: at a round's start its weights are the anchors."""
-        return {"diloco": self._rank_state(), "clock": state.clock.state_dict(), "counters": self.state_dict()}
+        """What this group sends one that rejoins: at a round's start its weights are the anchors.
+        The run's counters go with it; what is the group's own (its torchft step, the rounds
+        it saw discarded) stays, and goes only into its checkpoints (``state_dict``)."""
+        return {"diloco": self._rank_state(), "clock": state.clock.state_dict(), "counters": self._run_counters()}
 
     def _recover(self, state: TrainingState, received: dict[str, Any]) -> None:
         self._restore(received["diloco"])
         state.move_clock(received["clock"])  # the data follows: this group reads its slice of the peers' steps
-        counters = dict(received["counters"])
-        counters.pop("torchft", None)
-        self.load_state_dict(counters)
+        self._load_run_counters(received["counters"])
 
     def _begin_round(self, state: TrainingState, groups: int = 1) -> None:
         self._groups.begin_round(groups)
@@ -273,12 +275,21 @@ class DiLoCo(StepCallback):
         if "diloco_ranks" in checkpoint:
             self._loaded = checkpoint["diloco_ranks"][trainer.global_rank]
 
+    def _run_counters(self) -> dict[str, float]:
+        """Counters of the run as a whole, the same in every replica group."""
+        return {"syncs": self.syncs, "bytes_sent": self.bytes_sent, "dp_bytes": self.dp_bytes}
+
+    def _load_run_counters(self, counters: dict[str, float]) -> None:
+        self.syncs, self.bytes_sent, self.dp_bytes = counters["syncs"], counters["bytes_sent"], counters["dp_bytes"]
+
     def state_dict(self) -> dict[str, Any]:
-        counters = {"syncs": self.syncs, "bytes_sent": self.bytes_sent, "dp_bytes": self.dp_bytes}
+        """For this group's checkpoint: the run's counters and the group's own."""
+        own = {"discarded_rounds": self._sync.discarded if self._sync is not None else self._discarded}
         if self._groups is not None:
-            counters["torchft"] = self._groups.state_dict()
-        return counters
+            own["torchft"] = self._groups.state_dict()
+        return {**self._run_counters(), **own}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        self.syncs, self.bytes_sent, self.dp_bytes = state_dict["syncs"], state_dict["bytes_sent"], state_dict["dp_bytes"]
+        self._load_run_counters(state_dict)
+        self._discarded = state_dict.get("discarded_rounds", 0)  # checkpoints before it was kept: 0
         self._groups_state = state_dict.get("torchft")
