@@ -194,3 +194,17 @@ def test_the_backend_without_the_package_names_the_install_command(tmp_path, mon
     with pytest.raises(ConfigError) as error:
         check_config(cfg, processes=1)
     assert str(error.value) == "technique.diloco.backend=torchft needs the torchft package: pip install torchft==0.2.0"
+
+
+def test_a_group_that_finds_no_quorum_stops_in_one_line_instead_of_training_alone(tmp_path, tmp_path_factory) -> None:
+    """The lighthouse wants 2 groups and only one runs (the other never started, or finished
+    its budget and left): within quorum_timeout_s, one line and exit 2, no step trained."""
+    cache = tmp_path_factory.getbasetemp() / "cache"
+    with Lighthouse(min_replicas=2) as lighthouse:
+        alone = group(lighthouse, 0, tmp_path / "group0", cache, "trainer.max_steps=4",
+                      "technique.diloco.torchft.quorum_timeout_s=3")  # fmt: skip
+        log = finish(alone, timeout=120)
+    assert alone.returncode == 2, log[-3000:]
+    errors = [line for line in log.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1 and "no quorum formed within quorum_timeout_s=3 s" in errors[0], log[-3000:]
+    assert "Traceback" not in log and not (tmp_path / "group0" / "checkpoints" / "last.ckpt").exists()

@@ -31,7 +31,7 @@ from typing import Any
 
 import torch
 
-from callbacks.diloco.settings import TorchftSettings
+from callbacks.diloco.settings import DiLoCoSettings, TorchftSettings
 from common.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -88,6 +88,7 @@ class TorchftGroup:
         )
         self._agreed, self._group = dict(agreed), settings.group
         self._fingerprint = fingerprint(agreed)
+        self._key, self._lighthouse = DiLoCoSettings.key, settings.address()
 
     def _recover(self, state: dict[str, Any]) -> None:
         self._load_state_dict(state)
@@ -99,14 +100,29 @@ class TorchftGroup:
         timeout) until at least that many are present; a run's very first round waits so for
         all of them, since a group still starting up would otherwise miss it."""
         self._recovered, started = False, time.perf_counter()
-        self.manager.start_quorum()
+        self._start_quorum()
         while self.groups_present < groups and time.perf_counter() - started < self._quorum_timeout_s:
-            self.manager.start_quorum()
+            self._start_quorum()
         self.healed_in = time.perf_counter() - started if self._recovered else None
         mine = self._fingerprint.clone()
         self.manager.allreduce(mine).wait()
         if not self.manager.errored() and not torch.equal(mine, self._fingerprint):
             raise ConfigError(self._difference())
+
+    def _start_quorum(self) -> None:
+        """Ask the lighthouse for a quorum; where none forms within the quorum timeout (fewer
+        groups are running than the lighthouse's ``--min_replicas``), leave and stop in one line
+        rather than train alone."""
+        try:
+            self.manager.start_quorum()
+        except TimeoutError:
+            self.shutdown()
+            raise ConfigError(
+                f"{self._key}.torchft: no quorum formed within quorum_timeout_s={self._quorum_timeout_s:g} s: the"
+                f" lighthouse at {self._lighthouse} waits for more replica groups than are running (its --min_replicas)."
+                f" Start the other groups ({self._key}.torchft.group=...), or raise {self._key}.torchft.quorum_timeout_s;"
+                " a group started after the others finished the token budget has nothing left to train."
+            ) from None
 
     def _difference(self) -> str:
         """Every group's settings gathered (each writes its own slot of a summed tensor, its
