@@ -73,12 +73,17 @@ def train_and_report(cfg: DictConfig, settings: RunSettings, job: SweepJob | Non
 
 def remove_empty_run_folder(runs: Path) -> None:
     """A run that failed before it wrote anything leaves no folder behind (nor, in the default
-    layout ``runs/<experiment>/<time>``, an empty experiment folder)."""
+    layout ``runs/<experiment>/<time>``, an empty experiment folder or an empty ``runs``)."""
     folder = Path(HydraConfig.get().runtime.output_dir)
     if folder.is_dir() and {path.name for path in folder.iterdir()} <= HYDRA_ONLY:
         shutil.rmtree(folder, ignore_errors=True)
-        if folder.parent.parent.resolve() == runs.resolve() and not any(folder.parent.iterdir()):
-            folder.parent.rmdir()
+        for empty in (folder.parent, folder.parent.parent):  # runs/<experiment>, then runs itself
+            if runs.resolve() not in (empty.resolve(), empty.parent.resolve()):
+                break
+            try:
+                empty.rmdir()  # only if empty; another run may have just written to it
+            except OSError:
+                break
 
 
 if __name__ == "__main__":

@@ -43,10 +43,20 @@ BLOCKS_PREFIX = "layers."
 
 
 def torchao_available() -> bool:
+    """Whether torchao's float8 training imports. Its import warns about its CUDA extensions
+    where they cannot load (a CPU machine, another torch) and torch about one of its enums:
+    nothing float8 training uses, so those lines are kept off the console."""
+    loggers = [logging.getLogger(name) for name in ("torchao", "torchao.kernel.intmm", "torch.utils._pytree")]
+    levels = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(logging.ERROR)
     try:
         import torchao.float8  # noqa: F401
     except ImportError:
         return False
+    finally:
+        for logger, level in zip(loggers, levels):
+            logger.setLevel(level)
     return True
 
 
@@ -131,11 +141,11 @@ def check_float8_available(recipe: str, emulate: bool) -> None:
     """The checks that need the machine: run as the run starts, before the data is read."""
     if recipe == "none":
         return
-    if not torchao_available():
-        raise ConfigError(f'layout.float8={recipe} needs torchao: pip install -e ".[float8]"; or set layout.float8=none.')
     problem = None if emulate else float8_device_problem()
     if problem:
         raise ConfigError(
             f"layout.float8={recipe} needs float8 tensor cores (compute capability 8.9+: H100, H200, L40S, L4), but"
             f" {problem}; set layout.float8=none (or layout.float8_emulate=true, for tests)."
         )
+    if not torchao_available():
+        raise ConfigError(f'layout.float8={recipe} needs torchao: pip install -e ".[float8]"; or set layout.float8=none.')
