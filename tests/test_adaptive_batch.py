@@ -212,18 +212,27 @@ def train_losses(run_dir: Path) -> dict[int, float]:
         return {int(r["step"]): float(r["train/loss"]) for r in csv.DictReader(file) if r.get("train/loss")}
 
 
+UNTESTED_STEPS = TINY + ["trainer.max_steps=3", "logger=csv", "batch.global_batch_size=8"]
+
+
+@pytest.fixture(scope="module")
+def untested_run(tmp_path_factory):
+    """Three steps of the batch the tests below keep, without any test."""
+    run_dir = tmp_path_factory.mktemp("untested")
+    result = run_train(UNTESTED_STEPS + ["batch.max_micro_batch_size=4"], run_dir, tmp_path_factory.getbasetemp() / "cache")
+    assert result.returncode == 0, result.stderr[-3000:]
+    return run_dir
+
+
 @pytest.mark.parametrize("test", ["norm", "augmented_inner_product"])
-def test_taking_the_micro_steps_gradients_leaves_training_unchanged(test, tmp_path, tmp_path_factory):
+def test_taking_the_micro_steps_gradients_leaves_training_unchanged(test, untested_run, tmp_path, tmp_path_factory):
     """The samples are taken out of ``.grad`` and summed back by the callback: the weights
     must come out bitwise as when autograd accumulates (the batch is kept at 8 here)."""
-    cache = tmp_path_factory.getbasetemp() / "cache"
-    steps = TINY + ["trainer.max_steps=3", "logger=csv", "batch.global_batch_size=8"]
     kept = ["+experiment=adaptive_bs", f"technique.adaptive_batch.test={test}", "technique.adaptive_batch.eta=1e6",
             "technique.adaptive_batch.theta=1e6", "technique.adaptive_batch.nu=1e6"]  # fmt: skip
-    tested = run_train(steps + kept, tmp_path / "tested", cache)
-    plain = run_train(steps + ["batch.max_micro_batch_size=4"], tmp_path / "plain", cache)
-    assert tested.returncode == 0 and plain.returncode == 0, tested.stderr[-3000:] + plain.stderr[-3000:]
-    assert train_losses(tmp_path / "tested") == train_losses(tmp_path / "plain")
-    expected = checkpoint_weights(tmp_path / "plain/checkpoints/last.ckpt")
+    tested = run_train(UNTESTED_STEPS + kept, tmp_path / "tested", tmp_path_factory.getbasetemp() / "cache")
+    assert tested.returncode == 0, tested.stderr[-3000:]
+    assert train_losses(tmp_path / "tested") == train_losses(untested_run)
+    expected = checkpoint_weights(untested_run / "checkpoints/last.ckpt")
     for name, value in checkpoint_weights(tmp_path / "tested/checkpoints/last.ckpt").items():
         assert torch.equal(value, expected[name]), name

@@ -122,9 +122,9 @@ def test_fsdp2_gathers_float8_weights_and_trains_as_one_process(runs, tmp_path, 
 
 
 def test_a_float8_checkpoint_resumes_exactly(runs, tmp_path, cache):
-    first = trained(tmp_path, cache, "first", "layout.float8=rowwise", *EMULATED, steps=4)
-    resumed = trained(tmp_path, cache, "resumed", "layout.float8=rowwise", *EMULATED,
-                      f"ckpt_path={first / 'checkpoints' / 'last.ckpt'}")  # fmt: skip
+    """Resumed from the rowwise run's step-4 checkpoint: the same losses and final weights."""
+    checkpoint = runs["rowwise"] / "checkpoints" / "step000004.ckpt"
+    resumed = trained(tmp_path, cache, "resumed", "layout.float8=rowwise", *EMULATED, f"ckpt_path={checkpoint}")
     reference, losses = train_losses(runs["rowwise"]), train_losses(resumed)
     assert min(losses) == 5 and {step: reference[step] for step in losses} == losses
     final = checkpoint_weights(runs["rowwise"] / "checkpoints" / "last.ckpt")
