@@ -185,8 +185,12 @@ class LlamaLightningModule(L.LightningModule):
         self._step_callbacks = [callback for callback in self.trainer.callbacks if isinstance(callback, StepCallback)]
 
     def on_fit_start(self) -> None:
-        """The device is known once the strategy has placed the model (after ``setup``)."""
-        self.training_state.device = self.device
+        """The device is known once the strategy has placed the model (after ``setup``); a
+        run resumed from a checkpoint taken at its end is marked ``stopping`` before any
+        technique starts (a replica group then joins no quorum)."""
+        state = self.training_state
+        state.device = self.device
+        state.stopping = bool(state.clock.steps) and self._ends_training()
 
     # ---------------------------------------------------------------- forward / loss
     def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor | None = None) -> torch.Tensor:
@@ -395,6 +399,6 @@ class LlamaLightningModule(L.LightningModule):
         if hasattr(self.trainer.datamodule, "seek"):
             self.trainer.datamodule.seek(self.training_state.clock.sequences)
             self.training_state.set_data_seek(self.trainer.datamodule.seek)  # a clock moved mid-run
-        if self.training_state.clock.steps and self._ends_training():
+        if self.training_state.stopping:
             log.info("the checkpoint is at the end of training (step %d): nothing left to train", self.training_state.clock.steps)
             self.trainer.should_stop = True

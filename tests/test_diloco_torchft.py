@@ -92,6 +92,13 @@ def test_without_a_failure_the_groups_take_the_same_steps_as_real_replicas(tmp_p
     with Lighthouse(min_replicas=2) as lighthouse:  # both groups in every quorum
         groups = [group(lighthouse, g, tmp_path / f"group{g}", cache, *steps) for g in (0, 1)]
         logs = [finish(process) for process in groups]
+        # Requeued after the run finished (as SLURM may), its budget the 4 steps' 512 tokens:
+        # nothing to train, and no quorum to wait for (its peer is gone).
+        late = group(lighthouse, 0, tmp_path / "group0_again", cache, "trainer.max_steps=100", "token_budget=512",
+                     f"ckpt_path={tmp_path / 'group0' / 'checkpoints' / 'last.ckpt'}")  # fmt: skip
+        late_log = finish(late, timeout=120)
+    assert late.returncode == 0 and "nothing left to train" in late_log, late_log[-3000:]
+    assert "quorum" not in late_log.replace("left the torchft quorum", "")
     for process, log in zip(groups, logs):
         assert process.returncode == 0, log[-3000:]
     expected = checkpoint_weights(tmp_path / "real" / "checkpoints" / "last.ckpt")

@@ -105,7 +105,7 @@ class DiLoCo(StepCallback):
         self._replicas = Replicas(self._parameters, state.optimizer, self.settings.replicas if self.simulated else 1)
         device = torch.device("cpu") if self.settings.state_device == "cpu" else None
         anchors = [local(p).detach().float().clone().to(device or p.device) for p in self._parameters]
-        if self.settings.fault_tolerant:
+        if self.settings.fault_tolerant and not state.stopping:  # a group resumed at its end joins no quorum
             self._groups = self._join_groups(trainer, state)
         self._sync = FragmentSync(
             weights=self._replicas.weights,
@@ -287,6 +287,8 @@ class DiLoCo(StepCallback):
         own = {"discarded_rounds": self._sync.discarded if self._sync is not None else self._discarded}
         if self._groups is not None:
             own["torchft"] = self._groups.state_dict()
+        elif self._groups_state is not None:  # resumed at its end: the step it had
+            own["torchft"] = self._groups_state
         return {**self._run_counters(), **own}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
