@@ -31,11 +31,11 @@ def pairs(batch: int, micro: int) -> dict[str, tuple[list[str], list[str], str]]
     adaptive = ["+experiment=adaptive_bs", f"batch.global_batch_size={batch}", f"batch.micro_batch_size={micro}"]
     samples = batch // micro
     return {
-        "norm test": (adaptive + NEVER_GROWS, constant, "1 gradient copy"),
+        "norm test": (adaptive + NEVER_GROWS, constant, "none"),
         "inner-product test": (
             adaptive + NEVER_GROWS + ["technique.adaptive_batch.test=augmented_inner_product"],
             constant,
-            f"{samples + 1} gradient copies",
+            f"{samples} gradient copies",
         ),
         "simulated DiLoCo M=2": (
             ["+experiment=diloco", f"batch.global_batch_size={2 * batch}", f"batch.micro_batch_size={micro}",
