@@ -2,6 +2,7 @@
 
 import contextlib
 import io
+import csv
 import os
 import runpy
 import subprocess
@@ -139,3 +140,9 @@ def train_in_process(arguments: list[str], run_dir: Path, cache: Path) -> tuple[
     finally:
         sys.argv = saved
     return 0, errors.getvalue()
+
+
+def train_losses(run_dir: Path) -> dict[int, float]:
+    """train/loss by optimizer step, from a run's CSV log (``logger=csv``)."""
+    with open(run_dir / "csv" / "metrics.csv") as file:
+        return {int(row["step"]): float(row["train/loss"]) for row in csv.DictReader(file) if row.get("train/loss")}

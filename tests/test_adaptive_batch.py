@@ -24,7 +24,7 @@ from torch.func import functional_call, grad, vmap
 from callbacks.batch_size.adaptive import AdaptiveBatchSize
 from launch.builders import build_callbacks, build_datamodule, build_module, build_trainer
 from launch.run_settings import check_config
-from tests.run_helpers import TINY, checkpoint_weights, compose_config, run_train
+from tests.run_helpers import train_losses, TINY, checkpoint_weights, compose_config, run_train
 
 STATISTICS = {
     "variance": "adaptive_bs/variance",
@@ -207,9 +207,6 @@ def test_the_console_shows_the_batch_once_it_moves_and_says_when_it_reaches_its_
     assert "batch=" not in lines[0] and any("batch=16" in line for line in lines)
 
 
-def train_losses(run_dir: Path) -> dict[int, float]:
-    with open(run_dir / "csv" / "metrics.csv") as file:
-        return {int(r["step"]): float(r["train/loss"]) for r in csv.DictReader(file) if r.get("train/loss")}
 
 
 UNTESTED_STEPS = TINY + ["trainer.max_steps=3", "logger=csv", "batch.global_batch_size=8"]

@@ -6,7 +6,6 @@ scales down to powers of two), training runs against fp32 and against each other
 float8 checkpoint resumes exactly.
 """
 
-import csv
 
 import pytest
 import torch
@@ -15,7 +14,7 @@ from torch import nn
 from lightning_modules.float8 import convert_to_float8, float8_linear_config
 from lightning_modules.llama import Llama, LlamaConfig
 from lightning_modules.parallelism import LayoutConfig, apply_layout
-from tests.run_helpers import OBSERVED, TINY, checkpoint_weights, default_settings, run_train
+from tests.run_helpers import train_losses, OBSERVED, TINY, checkpoint_weights, default_settings, run_train
 
 torchao_float8 = pytest.importorskip("torchao.float8")
 Float8Linear = pytest.importorskip("torchao.float8.float8_linear").Float8Linear
@@ -74,9 +73,6 @@ def test_convert_returns_what_it_converted():
     assert len(names) == 7 and all(isinstance(model.get_submodule(name), Float8Linear) for name in names)
 
 
-def train_losses(run_dir) -> dict[int, float]:
-    with open(run_dir / "csv" / "metrics.csv") as file:
-        return {int(row["step"]): float(row["train/loss"]) for row in csv.DictReader(file) if row.get("train/loss")}
 
 
 @pytest.fixture(scope="module")

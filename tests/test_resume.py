@@ -1,6 +1,5 @@
 """A run stopped and resumed continues exactly as if it had not stopped (CPU, bitwise)."""
 
-import csv
 import signal
 import subprocess
 import sys
@@ -8,14 +7,11 @@ import sys
 import pytest
 import torch
 
-from tests.run_helpers import OBSERVED, REPO, TINY, checkpoint_weights, run_train
+from tests.run_helpers import train_losses, OBSERVED, REPO, TINY, checkpoint_weights, run_train
 
 STEPS = 9
 
 
-def train_losses(run_dir) -> dict[int, float]:
-    with open(run_dir / "csv" / "metrics.csv") as file:
-        return {int(row["step"]): float(row["train/loss"]) for row in csv.DictReader(file) if row.get("train/loss")}
 
 
 @pytest.fixture(scope="module")
