@@ -7,6 +7,8 @@ trains with: each key of the resolved config (``model.d_model``, ``optimizer.lr`
 ...) with its value, less the keys that differ between groups by design (which group it is,
 where it writes, the lighthouse it asks, how it logs) and plus the tokens' own fingerprint,
 which the data module adds (``data.tokens``) since the same path can hold other files.
+A run may name more per-job keys in ``technique.diloco.torchft.per_group_keys`` (e.g. a
+callback of its own that writes to each group's folder); they must not change training.
 """
 
 from typing import Any
@@ -28,31 +30,34 @@ PER_JOB = (
     "ckpt_path",
     "hydra",
 )
+#: Where a run names keys of its own that may differ between its jobs.
+MORE_PER_JOB = "technique.diloco.torchft.per_group_keys"
 
 
 def shared_settings(cfg: DictConfig) -> tuple[tuple[str, str], ...]:
     """Every leaf of ``cfg`` but the per-job ones, as (dotted key, value's repr), sorted; a
     value that cannot be resolved here (a Hydra runtime path outside a run) as written."""
+    per_job = (*PER_JOB, *(OmegaConf.select(cfg, MORE_PER_JOB, default=None) or ()))
     leaves: dict[str, str] = {}
-    _flatten(cfg, "", leaves)
-    return tuple(sorted((key, value) for key, value in leaves.items() if not _per_job(key)))
+    _flatten(cfg, "", leaves, per_job)
+    return tuple(sorted(leaves.items()))
 
 
-def _per_job(key: str) -> bool:
-    return any(key == prefix or key.startswith(f"{prefix}.") for prefix in PER_JOB)
+def _per_job(key: str, per_job: tuple[str, ...]) -> bool:
+    return any(key == prefix or key.startswith(f"{prefix}.") for prefix in per_job)
 
 
-def _flatten(node: Any, prefix: str, leaves: dict[str, str]) -> None:
+def _flatten(node: Any, prefix: str, leaves: dict[str, str], per_job: tuple[str, ...]) -> None:
     if isinstance(node, DictConfig):
         for key in node.keys():
             path = f"{prefix}{key}"
-            if _per_job(path):
+            if _per_job(path, per_job):
                 continue
             try:
                 child = node[key]
             except Exception:  # an interpolation only Hydra's runtime resolves
                 child = OmegaConf.to_container(node, resolve=False)[key]
-            _flatten(child, f"{path}.", leaves)
+            _flatten(child, f"{path}.", leaves, per_job)
         return
     value = OmegaConf.to_container(node, resolve=True) if OmegaConf.is_config(node) else node
     leaves[prefix.rstrip(".")] = repr(value)

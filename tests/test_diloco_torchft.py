@@ -3,84 +3,40 @@ joined by a lighthouse. Without a failure they take the same steps as today's re
 a group killed with SIGKILL leaves the other training, and a restarted group rejoins from a
 live peer; bad setups are one line and exit code 2."""
 
-import csv
-import os
-import shutil
 import signal
 import socket
 import subprocess
-import sys
 import time
 import zipfile
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
 import torch
+from torch.distributed import TCPStore
 
+from benchmarks.torchft_groups import Lighthouse, free_port, log_of, metric, start_group
+from callbacks.diloco.torchft_group import group_store
 from callbacks.diloco import settings as diloco_settings
 from common.errors import ConfigError
 from launch.run_settings import check_config
-from tests.run_helpers import REPO, TINY, checkpoint_weights, compose_config, run_train
+from tests.run_helpers import TINY, checkpoint_weights, compose_config, run_train
 
 DILOCO = [*TINY, "+experiment=diloco", "batch.micro_batch_size=2", "batch.global_batch_size=4", "technique.diloco.sync_every=2",
           "logger=csv", "callbacks.validation_schedule.every_n_steps=1000"]  # fmt: skip
-#: torchft's lighthouse binary, installed beside this Python (a venv's bin/ need not be on PATH).
-LIGHTHOUSE = shutil.which("torchft_lighthouse", path=str(Path(sys.executable).parent)) or "torchft_lighthouse"
-ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "WANDB_MODE": "offline", "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
 ATOL = 1e-5  # as today's real-against-simulated DiLoCo test: float reduction order only
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-class Lighthouse:
-    """``torchft_lighthouse`` on a loopback port, stopped on exit."""
-
-    def __init__(self, min_replicas: int) -> None:
-        self.address = f"http://127.0.0.1:{free_port()}"
-        bind = self.address.removeprefix("http://")
-        command = [LIGHTHOUSE, "--min_replicas", str(min_replicas), "--bind", bind,
-                   "--join_timeout_ms", "1000", "--heartbeat_timeout_ms", "1000"]  # fmt: skip
-        self.process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            try:
-                socket.create_connection(("127.0.0.1", int(bind.rsplit(":", 1)[1])), timeout=1).close()
-                return
-            except OSError:
-                time.sleep(0.1)
-        raise RuntimeError("the lighthouse did not start")
-
-    def __enter__(self) -> "Lighthouse":
-        return self
-
-    def __exit__(self, *_) -> None:
-        self.process.kill()
-        self.process.wait()
-
-
 def group(lighthouse: Lighthouse, index: int, folder: Path, cache: Path, *extra: str) -> subprocess.Popen:
-    """One replica group: its own train.py process, its own run folder."""
-    overrides = [*DILOCO, "technique.diloco.backend=torchft", f"technique.diloco.torchft.lighthouse={lighthouse.address}",
-                 f"technique.diloco.torchft.group={index}", "technique.diloco.torchft.host=127.0.0.1",
-                 "technique.diloco.torchft.timeout_s=10", "technique.diloco.torchft.quorum_timeout_s=60", *extra]  # fmt: skip
-    command = [sys.executable, str(REPO / "train.py"), f"hydra.run.dir={folder}", f"paths.cache_dir={cache}", *overrides]
-    log = open(folder.parent / f"{folder.name}.log", "w")
-    return subprocess.Popen(command, cwd=REPO, env=ENV, stdout=log, stderr=subprocess.STDOUT, text=True)
+    """One replica group of a test run (tight timeouts)."""
+    timeouts = ["technique.diloco.torchft.timeout_s=10", "technique.diloco.torchft.quorum_timeout_s=60"]
+    return start_group(lighthouse, index, folder, cache, [*DILOCO, *timeouts, *extra])
 
 
 def finish(process: subprocess.Popen, timeout: float = 240) -> str:
     process.wait(timeout=timeout)
-    log = Path(process.args[2].split("=", 1)[1] + ".log")
-    return log.read_text()
+    return log_of(Path(process.args[2].split("=", 1)[1]))
 
-
-def metrics(folder: Path, key: str) -> list[float]:
-    rows = csv.DictReader(open(folder / "csv" / "metrics.csv"))
-    return [float(row[key]) for row in rows if row.get(key)]
 
 
 def test_without_a_failure_the_groups_take_the_same_steps_as_real_replicas(tmp_path, tmp_path_factory) -> None:
@@ -107,16 +63,18 @@ def test_without_a_failure_the_groups_take_the_same_steps_as_real_replicas(tmp_p
         for name, value in expected.items():
             torch.testing.assert_close(weights[name], value, rtol=0, atol=ATOL, msg=name)
         # Each group trained the real run's replica g on the same sequences: the same losses.
-        real_losses = metrics(tmp_path / "real", f"diloco/replica_{g}_loss")
-        assert metrics(tmp_path / f"group{g}", f"diloco/replica_{g}_loss") == pytest.approx(real_losses, abs=ATOL)
-        assert metrics(tmp_path / f"group{g}", "diloco/groups") == [2.0, 2.0]
+        real_losses = metric(tmp_path / "real", f"diloco/replica_{g}_loss")
+        assert metric(tmp_path / f"group{g}", f"diloco/replica_{g}_loss") == pytest.approx(real_losses, abs=ATOL)
+        assert metric(tmp_path / f"group{g}", "diloco/groups") == [2.0, 2.0]
 
 
 def test_a_killed_group_leaves_the_other_training_and_a_restarted_one_rejoins(tmp_path, tmp_path_factory) -> None:
     cache = tmp_path_factory.getbasetemp() / "cache"
     # 240 global steps of 4 sequences x 32 tokens: the token budget, summed over the groups.
+    # min_groups=1: a lone survivor commits its rounds (the default, a majority of M = 2, would
+    # discard them until its peer is back).
     run = ["token_budget=30720", "technique.diloco.sync_every=8", "callbacks.model_checkpoint.every_n_train_steps=16",
-           "+callbacks.pace._target_=tests.pace.Pace", "+callbacks.pace.seconds=0.15"]  # fmt: skip
+           "technique.diloco.torchft.min_groups=1", "+callbacks.pace._target_=tests.pace.Pace", "+callbacks.pace.seconds=0.15"]  # fmt: skip
     with Lighthouse(min_replicas=1) as lighthouse:
         survivor = group(lighthouse, 0, tmp_path / "group0", cache, *run)
         victim = group(lighthouse, 1, tmp_path / "group1", cache, *run)
@@ -132,12 +90,11 @@ def test_a_killed_group_leaves_the_other_training_and_a_restarted_one_rejoins(tm
     for process, log in zip((survivor, restarted), logs):
         assert process.returncode == 0, log[-3000:]
     assert "rejoined the DiLoCo replica groups at global step" in logs[1]
-    assert "round discarded at global step" in logs[0]  # the round the victim died in
-    present = metrics(tmp_path / "group0", "diloco/groups")
-    assert 1.0 in present and present[-1] == 2.0  # averaged over the groups present, then both again
+    present = metric(tmp_path / "group0", "diloco/groups")
+    assert 1.0 in present and present[-1] == 2.0  # the survivor's rounds alone, then both again
     # Both reach the token budget and end on the same weights (the final sync averages them).
     for name in ("group0", "group1_restarted"):
-        assert metrics(tmp_path / name, "train/tokens_seen")[-1] == 30720 and metrics(tmp_path / name, "step")[-1] == 240
+        assert metric(tmp_path / name, "train/tokens_seen")[-1] == 30720 and metric(tmp_path / name, "step")[-1] == 240
     final = [checkpoint_weights(tmp_path / name / "checkpoints" / "last.ckpt") for name in ("group0", "group1_restarted")]
     for name, value in final[0].items():
         torch.testing.assert_close(final[1][name], value, rtol=0, atol=1e-6, msg=name)
@@ -178,7 +135,7 @@ def test_an_unreachable_lighthouse_is_one_line_within_seconds(tmp_path, tmp_path
     assert result.returncode == 2 and time.monotonic() - started < 30
     assert result.stderr.strip().splitlines() == [
         f"error: technique.diloco.torchft.lighthouse={address} cannot be reached (Connection refused);"
-        " start it first: torchft_lighthouse --min_replicas 1 --bind HOST:PORT"
+        " start it first: torchft_lighthouse --min_replicas 2 --bind HOST:PORT"  # a majority of M = 2
     ]
     assert not (tmp_path / "run").exists()
 
@@ -215,3 +172,36 @@ def test_a_group_that_finds_no_quorum_stops_in_one_line_instead_of_training_alon
     errors = [line for line in log.splitlines() if line.startswith("error: ")]
     assert len(errors) == 1 and "no quorum formed within quorum_timeout_s=3 s" in errors[0], log[-3000:]
     assert "Traceback" not in log and not (tmp_path / "group0" / "checkpoints" / "last.ckpt").exists()
+
+
+def test_a_min_groups_outside_the_replicas_is_one_line(tmp_path) -> None:
+    cfg = compose_config([*DILOCO, "technique.diloco.backend=torchft", "technique.diloco.torchft.lighthouse=http://127.0.0.1:29510",
+                          "technique.diloco.torchft.min_groups=3"], tmp_path)  # fmt: skip
+    with pytest.raises(ConfigError) as error:
+        check_config(cfg, processes=1)
+    assert str(error.value) == (
+        "technique.diloco.torchft.min_groups=3 must be in [1, replicas=2] (null: a majority of the groups)."
+    )
+
+
+@pytest.mark.parametrize(("lighthouse", "loopback"), [("http://127.0.0.1:29510", True), ("http://localhost:29510", True),
+                                                      ("http://head-node:29510", False)])  # fmt: skip
+def test_a_group_on_a_loopback_lighthouse_is_reached_on_loopback(tmp_path, lighthouse: str, loopback: bool) -> None:
+    cfg = compose_config([*DILOCO, "technique.diloco.backend=torchft", f"technique.diloco.torchft.lighthouse={lighthouse}"], tmp_path)
+    settings = check_config(cfg, processes=1).techniques["diloco"].torchft
+    assert settings.reachable_host() == ("127.0.0.1" if loopback else socket.gethostname())
+
+
+def test_the_group_store_listens_only_on_its_host() -> None:
+    """c10d's store binds every interface unless handed a bound socket: reachable on the
+    group's address, refused on any other address of this machine."""
+    listener, store = group_store("127.0.0.1")
+    client = TCPStore("127.0.0.1", store.port, is_master=False, timeout=timedelta(seconds=5))
+    client.set("key", "value")
+    assert store.get("key") == b"value" and store.port == listener.getsockname()[1]
+    others = {address for *_, (address, *_) in socket.getaddrinfo(socket.gethostname(), None, socket.AF_INET)} - {"127.0.0.1"}
+    others |= {"127.0.0.2"}  # another loopback address: the bind is to the one address, not the interface
+    for address in others:
+        with pytest.raises(OSError):
+            socket.create_connection((address, store.port), timeout=2).close()
+    listener.close()

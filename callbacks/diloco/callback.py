@@ -35,9 +35,10 @@ Logged at each sync: ``diloco/round`` (completed syncs of the last fragment),
 workers sent for it), ``diloco/sync_seconds`` (the exchange and the outer step, in this
 process), ``diloco/bytes_per_token`` and ``diloco/dp_bytes_per_token`` (all exchanges so
 far per token trained, against fp32 data parallelism over the same M workers); at logging
-steps ``diloco/replica_<r>_loss``. With torchft also ``diloco/groups`` (the groups the sync
-averaged over), ``diloco/discarded_rounds`` and, on a group that rejoined,
-``diloco/rejoin_seconds``.
+steps ``diloco/replica_<r>_loss``. With torchft also ``diloco/groups`` (the groups whose
+rounds the sync averaged), ``diloco/discarded_rounds``, and, on a group that was healed,
+``diloco/rejoin_seconds`` and ``diloco/skipped_steps`` (global steps its clock jumped over
+when healed: its slice of them trained by no group).
 """
 
 import logging
@@ -83,8 +84,8 @@ class DiLoCo(StepCallback):
         self._groups: TorchftGroup | None = None  # backend=torchft: this job's replica group
         self._groups_state: dict[str, int] | None = None  # its torchft step, from a checkpoint
         self._discarded = 0  # rounds this group's runs saw discarded before a resume
+        self._skipped_steps = 0  # global steps this group's clock jumped over when healed
         self._sync_seconds = 0.0
-        self._rejoin_seconds: float | None = None
 
     # ------------------------------------------------------------------ build time
     def shard_mesh(self, mesh: DeviceMesh) -> DeviceMesh:
@@ -117,7 +118,7 @@ class DiLoCo(StepCallback):
             compression=self.settings.compression,
             group=self._group,
             norm=self._norm,
-            average=self._groups.average if self._groups is not None else None,
+            average=self._groups.sync if self._groups is not None else None,
         )
         self._sync.discarded = self._discarded
         if self._loaded is not None:
@@ -125,7 +126,9 @@ class DiLoCo(StepCallback):
             self._loaded = None
         if self._groups is not None:
             fresh = state.clock.steps == 0  # a new run: every group starts together
-            self._begin_round(state, groups=self.settings.replicas if fresh else 1)
+            groups = self.settings.replicas if fresh else 1
+            records = self._sync.join(lambda deltas: self._groups.join(deltas, groups))
+            self._after_round(state, records)
 
     # ------------------------------------------------------------------ torchft groups
     def _join_groups(self, trainer: L.Trainer, state: TrainingState) -> "TorchftGroup":
@@ -135,30 +138,50 @@ class DiLoCo(StepCallback):
         from callbacks.diloco.torchft_group import TorchftGroup
 
         agreed = {**self.shared, "data.tokens": trainer.datamodule.fingerprint}
-        groups = TorchftGroup(self.settings.torchft, lambda: self._recovery_state(state), lambda s: self._recover(state, s), agreed)
-        if self._groups_state is not None:  # resumed from this group's own checkpoint
-            groups.load_state_dict(self._groups_state)
+        groups = TorchftGroup(
+            self.settings.torchft,
+            self.settings.torchft.quorum_size(self.settings.replicas),
+            lambda: self._recovery_state(state),
+            lambda received: self._recover(state, received),
+            agreed,
+        )
+        if self._groups_state is not None:
+            # Resumed from this group's own checkpoint: it claims one round fewer than it
+            # committed, so a live peer at the same round (which has trained on since the
+            # checkpoint) heals it to the peers' clock; where every group resumed at that
+            # round (a whole-run restart), none is ahead and each goes on from its checkpoint.
+            groups.load_state_dict({**self._groups_state, "step": max(self._groups_state["step"] - 1, 0)})
         return groups
 
     def _recovery_state(self, state: TrainingState) -> dict[str, Any]:
-        """What this group sends one that rejoins: at a round's start its weights are the anchors.
-        The run's counters go with it; what is the group's own (its torchft step, the rounds
-        it saw discarded) stays, and goes only into its checkpoints (``state_dict``)."""
+        """What this group sends one that is healed, as it stands at the sync, before the
+        round's average (which the healed group then takes too). The run's counters go with
+        it; what is the group's own (its torchft step, the rounds it saw discarded, the steps
+        it skipped) stays, and goes only into its checkpoints (``state_dict``)."""
         return {"diloco": self._rank_state(), "clock": state.clock.state_dict(), "counters": self._run_counters()}
 
     def _recover(self, state: TrainingState, received: dict[str, Any]) -> None:
         self._restore(received["diloco"])
+        behind = state.global_steps
         state.move_clock(received["clock"])  # the data follows: this group reads its slice of the peers' steps
+        if behind:  # a group started without a checkpoint cannot know what an earlier run of it trained
+            self._skipped_steps += state.global_steps - behind
         self._load_run_counters(received["counters"])
 
-    def _begin_round(self, state: TrainingState, groups: int = 1) -> None:
-        self._groups.begin_round(groups)
-        if self._groups.healed_in is not None:
+    def _after_round(self, state: TrainingState, records: list[SyncRecord]) -> None:
+        """Log a heal; a group healed into the peers' final average ends with them."""
+        for record in records:
+            self._log_sync(state, record)
+        healed_in = self._groups.take_heal()
+        if healed_in is not None:
             log.info(
                 "rejoined the DiLoCo replica groups at global step %d (round %d) with a live peer's state, in %.2f s",
-                state.global_steps, self.syncs, self._groups.healed_in,
+                state.global_steps, self.syncs, healed_in,
             )  # fmt: skip
-            self._rejoin_seconds = self._groups.healed_in  # logged with the next sync
+            state.record_metrics({"diloco/rejoin_seconds": healed_in, "diloco/skipped_steps": self._skipped_steps})
+            state.log_now()
+        if any(record.fragment is None for record in records):
+            state.stopping = True
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if self._groups is not None:
@@ -188,13 +211,14 @@ class DiLoCo(StepCallback):
         if state.stopping:
             records += self._sync.finish()
         self._sync_seconds = time.perf_counter() - started
-        for record in records:
-            self._log_sync(state, record)
+        if self._groups is not None:
+            self._after_round(state, records)
+        else:
+            for record in records:
+                self._log_sync(state, record)
         if self._sync.discarded > discarded:
             log.info("round discarded at global step %d: a replica group failed during it", state.global_steps)
             state.record_metric("diloco/discarded_rounds", self._sync.discarded)
-        if self._groups is not None and not state.stopping and state.global_steps % self.settings.sync_every == 0:
-            self._begin_round(state)
         if state.is_logging_step:
             self._record_losses(state)
 
@@ -215,10 +239,7 @@ class DiLoCo(StepCallback):
         replicas = self._groups.groups_present if self._groups is not None else self.settings.replicas
         sent = bytes_sent_per_sync(self._model_size(record.indices), replicas, self.settings.compression)
         if self._groups is not None:
-            state.record_metric("diloco/groups", replicas)
-            if self._rejoin_seconds is not None:
-                state.record_metric("diloco/rejoin_seconds", self._rejoin_seconds)
-                self._rejoin_seconds = None
+            state.record_metric("diloco/groups", self._groups.contributors)
         self.bytes_sent += sent
         if record.fragment == self.settings.fragments - 1:
             self.syncs += 1
@@ -284,7 +305,8 @@ class DiLoCo(StepCallback):
 
     def state_dict(self) -> dict[str, Any]:
         """For this group's checkpoint: the run's counters and the group's own."""
-        own = {"discarded_rounds": self._sync.discarded if self._sync is not None else self._discarded}
+        own = {"discarded_rounds": self._sync.discarded if self._sync is not None else self._discarded,
+               "skipped_steps": self._skipped_steps}  # fmt: skip
         if self._groups is not None:
             own["torchft"] = self._groups.state_dict()
         elif self._groups_state is not None:  # resumed at its end: the step it had
@@ -294,4 +316,5 @@ class DiLoCo(StepCallback):
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self._load_run_counters(state_dict)
         self._discarded = state_dict.get("discarded_rounds", 0)  # checkpoints before it was kept: 0
+        self._skipped_steps = state_dict.get("skipped_steps", 0)
         self._groups_state = state_dict.get("torchft")

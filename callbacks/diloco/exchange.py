@@ -43,16 +43,19 @@ def average_in_process(deltas: list[torch.Tensor], compression: str) -> torch.Te
 
 
 class Exchange:
-    """An average of replicas' deltas that may still be on the wire; ``wait`` completes it once."""
+    """An average of replicas' deltas that may still be on the wire; ``wait`` completes it once.
 
-    def __init__(self, finish, works: list[dist.Work]) -> None:
-        self._finish, self._works = finish, works
+    ``final``: the replicas that sent it were taking the run's final plain average (no outer
+    step), which a torchft group healed into that round must take too."""
+
+    def __init__(self, finish, works: list[dist.Work], final: bool = False) -> None:
+        self._finish, self._works, self.final = finish, works, final
         self._result: list[torch.Tensor] | None = None
 
     @classmethod
-    def done(cls, values: list[torch.Tensor] | None) -> "Exchange":
+    def done(cls, values: list[torch.Tensor] | None, final: bool = False) -> "Exchange":
         """An exchange already complete (None: a round the replica groups discarded)."""
-        return cls(lambda: values, [])
+        return cls(lambda: values, [], final)
 
     def wait(self) -> list[torch.Tensor] | None:
         if self._result is None:

@@ -33,8 +33,14 @@ class TorchftSettings:
     lighthouse: ``http://HOST:PORT`` of the torchft lighthouse (null: ``$TORCHFT_LIGHTHOUSE``).
     group: this job's replica group, in [0, replicas).
     timeout_s: a sync's collectives and a recovery transfer.
-    quorum_timeout_s: waiting for the other groups at the start of a round.
-    host: the address other groups reach this group at (null: this machine's hostname).
+    quorum_timeout_s: waiting for a quorum (at a sync, or for a joining group, a round).
+    host: the address other groups reach this group at, and the one its store listens on
+        (null: 127.0.0.1 when the lighthouse is on loopback, so every group is on this
+        machine; else this machine's hostname).
+    min_groups: groups a round needs to commit (null: a majority of M, so that two quorums
+        that do not share a group can never both commit a round).
+    per_group_keys: config keys, beyond the built-in per-group ones, that may differ
+        between the groups (``launch/shared_settings.py``); they must not change training.
     """
 
     lighthouse: str | None
@@ -42,9 +48,21 @@ class TorchftSettings:
     timeout_s: float
     quorum_timeout_s: float
     host: str | None
+    min_groups: int | None
+    per_group_keys: list[str]
 
     def address(self) -> str:
         return self.lighthouse or os.environ.get("TORCHFT_LIGHTHOUSE", "")
+
+    def reachable_host(self) -> str:
+        if self.host:
+            return self.host
+        lighthouse = urlparse(self.address()).hostname or ""
+        on_loopback = lighthouse == "localhost" or lighthouse.startswith("127.") or lighthouse == "::1"
+        return "127.0.0.1" if on_loopback else socket.gethostname()
+
+    def quorum_size(self, replicas: int) -> int:
+        return self.min_groups if self.min_groups is not None else replicas // 2 + 1
 
 
 #: Outer learning rates by number of replicas (Charles et al. 2025); others use 0.7 (Douillard et al. 2023).
@@ -215,6 +233,11 @@ class DiLoCoSettings(TechniqueSettings):
             raise ConfigError(f"{self.key}.backend=torchft needs the torchft package: {TORCHFT_INSTALL}")
         if not 0 <= self.torchft.group < self.replicas:
             raise ConfigError(f"{key}.group={self.torchft.group} must be in [0, replicas={self.replicas}).")
+        if self.torchft.min_groups is not None and not 1 <= self.torchft.min_groups <= self.replicas:
+            raise ConfigError(
+                f"{key}.min_groups={self.torchft.min_groups} must be in [1, replicas={self.replicas}]"
+                " (null: a majority of the groups)."
+            )
         if run.world_size not in (None, 1):
             raise ConfigError(f"{self.key}.backend=torchft runs one process per replica group; this run has {run.world_size}.")
         if self.fragments != 1 or self.fragment_delay or self.compression != "none" or self.simulated:
@@ -250,7 +273,7 @@ class DiLoCoSettings(TechniqueSettings):
         except OSError as error:
             raise ConfigError(
                 f"{self.key}.torchft.lighthouse={address} cannot be reached ({error.strerror or error});"
-                " start it first: torchft_lighthouse --min_replicas 1 --bind HOST:PORT"
+                f" start it first: torchft_lighthouse --min_replicas {self.torchft.quorum_size(self.replicas)} --bind HOST:PORT"
             ) from None
 
     def build(self, run: RunContext) -> "DiLoCo":

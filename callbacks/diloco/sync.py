@@ -13,6 +13,9 @@ Training always ends synced (``finish``): exchanges in flight complete, and ever
 not already equal to its anchor is set to the replicas' mean (anchor minus the averaged
 delta, with no outer momentum or learning rate, since a partial round's pseudo-gradient is
 not a full outer gradient), so the final weights are one model.
+
+A round the torchft replica groups discarded (a group failed during it) sends every
+fragment back to its anchor, without an outer step; so does a discarded final average.
 """
 
 from collections.abc import Callable
@@ -53,7 +56,8 @@ class FragmentSync:
     ``weights``: per replica held here (all M when simulated, else one), the live local
     tensors of every parameter. ``group``: the replica group of real replicas (None when
     simulated or M = 1). ``average``: a fault-tolerant average over replica groups that are
-    jobs of their own (torchft), returning None for a round the groups discarded.
+    jobs of their own (torchft), given the deltas and whether this is the run's final
+    average; its exchange holds None for a round the groups discarded.
     """
 
     def __init__(
@@ -67,7 +71,7 @@ class FragmentSync:
         compression: str,
         group: dist.ProcessGroup | None,
         norm: Norm,
-        average: Callable[[list[torch.Tensor]], list[torch.Tensor] | None] | None = None,
+        average: Callable[[list[torch.Tensor], bool], Exchange] | None = None,
     ) -> None:
         self.weights, self.fragments, self.outer = weights, fragments, outer
         self.sync_every, self.delay, self.alpha = sync_every, delay, alpha
@@ -81,8 +85,8 @@ class FragmentSync:
     def after_global_step(self, step: int) -> list[SyncRecord]:
         self._synced.clear()  # an inner step has moved every fragment
         for fragment in fragments_due(step, self.sync_every, len(self.fragments)):
-            indices = self.fragments[fragment]
-            self.in_flight.append(InFlight(fragment, step + self.delay, self._start(indices)))
+            exchange = self._start(self.fragments[fragment])  # a torchft group healed here has new state
+            self.in_flight.append(InFlight(fragment, step + self.delay, exchange))
         due = [flight for flight in self.in_flight if flight.merge_after <= step]
         self.in_flight = [flight for flight in self.in_flight if flight.merge_after > step]
         return [record for record in map(self._complete, due) if record is not None]
@@ -92,21 +96,26 @@ class FragmentSync:
         records = [record for record in map(self._complete, self.in_flight) if record is not None]
         self.in_flight = []
         indices = [i for fragment, ids in enumerate(self.fragments) if fragment not in self._synced for i in ids]
-        if indices:
-            averaged = self._start(indices).wait()
-            if averaged is None:  # the groups discarded it: each keeps its own last round's weights
-                return records
-            self.outer.average(indices, averaged)
-            self._merge(indices, alpha=0.0)
-            records.append(SyncRecord(None, self.norm(indices, averaged), indices))
-        return records
+        final = self._settle(None, indices, self._start(indices, final=True)) if indices else None
+        return records + ([final] if final else [])
 
-    def _start(self, indices: list[int]) -> Exchange:
+    def join(self, take_part: Callable[[list[torch.Tensor]], Exchange]) -> list[SyncRecord]:
+        """A torchft replica group joining the run takes part in the round the groups present
+        are syncing, without contributing to it (``take_part``: its deltas, which it does not
+        send). Where the others averaged a round, this group (healed to their state if it was
+        behind) takes the same step; where none did (every group is joining), nothing moves."""
+        indices = [i for ids in self.fragments for i in ids]
+        exchange = take_part(self._deltas(indices, self.weights[0]))
+        if exchange.wait() is None:
+            return []
+        return [self._settle(len(self.fragments) - 1, indices, exchange)]
+
+    def _start(self, indices: list[int], final: bool = False) -> Exchange:
         deltas = [self._deltas(indices, weights) for weights in self.weights]
         if len(deltas) > 1:
             return Exchange.done([average_in_process(list(each), self.compression) for each in zip(*deltas)])
         if self.average is not None:
-            return Exchange.done(self.average(deltas[0]))
+            return self.average(deltas[0], final)
         if self.group is None:
             return Exchange.done(deltas[0])
         return start_average(deltas[0], self.group, self.compression)
@@ -117,17 +126,27 @@ class FragmentSync:
         return [anchors[i].to(weights[i].device) - weights[i].to(anchors[i].dtype) for i in indices]
 
     def _complete(self, flight: InFlight) -> SyncRecord | None:
-        indices = self.fragments[flight.fragment]
-        averaged = flight.exchange.wait()
-        if averaged is None:  # discarded by the groups: back to the anchor, no outer step
+        return self._settle(flight.fragment, self.fragments[flight.fragment], flight.exchange)
+
+    def _settle(self, fragment: int | None, indices: list[int], exchange: Exchange) -> SyncRecord | None:
+        """Apply an exchange: an outer step and the merge, or, for the run's final average
+        (``fragment`` None, or the groups that sent it were ending), the plain mean. A round
+        the groups discarded sends the fragment back to its anchor."""
+        averaged = exchange.wait()
+        if averaged is None:
             self.discarded += 1
             self._merge(indices, alpha=0.0)
             return None
+        if fragment is None or exchange.final:
+            self.outer.average(indices, averaged)
+            self._merge(indices, alpha=0.0)
+            self._synced.update(range(len(self.fragments)))  # nothing is left to average
+            return SyncRecord(None, self.norm(indices, averaged), indices)
         self.outer.step(indices, averaged)
         self._merge(indices, self.alpha)
         if self.alpha == 0:
-            self._synced.add(flight.fragment)
-        return SyncRecord(flight.fragment, self.norm(indices, averaged), indices)
+            self._synced.add(fragment)
+        return SyncRecord(fragment, self.norm(indices, averaged), indices)
 
     def _merge(self, indices: list[int], alpha: float) -> None:
         for weights in self.weights:

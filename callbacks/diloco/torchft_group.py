@@ -1,18 +1,29 @@
 """One replica group of fault-tolerant DiLoCo, on torchft: quorum, averaging, recovery.
 
 With ``technique.diloco.backend=torchft`` every DiLoCo replica group is a job of its own (one
-process here), and torchft's lighthouse keeps the membership. At the start of each round
-(and when the job starts) the group asks torchft's ``Manager`` for a quorum: the groups
-present then form the gloo process group that the round's pseudo-gradients are averaged
-over (``Manager.allreduce``, divided by the number of groups present).
+process here), and torchft's lighthouse keeps the membership. At every sync (and when the job
+starts) the group asks torchft's ``Manager`` for a quorum: the groups present then form the
+gloo process group that the round's pseudo-gradients are summed over, with a count of the
+groups that contributed one; the average is the sum over that count.
 
-- **A group that dies** (kill -9) mid-round makes the others' all-reduce fail; torchft's
-  commit vote (``should_commit``) then discards that round everywhere (the weights go back to
-  the anchor, no outer step), and the next quorum, formed without it, goes on.
-- **A group that starts behind** (restarted, or late) is healed in the quorum it joins: a
-  live peer sends its state over torchft's HTTP transport, and ``load_state_dict`` puts it
-  in place (``DiLoCo._recover``): the anchors and outer optimizer, the peer's inner weights
-  and optimizer state, and its clock, so the group reads on from the peers' data position.
+- **Membership is decided at the sync.** The lighthouse forms a quorum when every live group
+  has asked, or, past its ``--join_timeout_ms``, with those that have (at least its
+  ``--min_replicas``). A group slower than that deadline is left out of the round: the
+  others keep their round, and the slow group heals at a later quorum. A round commits only
+  with ``min_groups`` groups present (default: a majority of M), so no two disjoint quorums
+  ever both commit: groups cannot drift apart at the same step count.
+- **A group that dies** (kill -9) stops heartbeating; the next quorums form without it. One
+  that dies during a sync's all-reduce makes torchft's commit vote (``should_commit``)
+  discard that round for the groups in it (weights back to the anchor, no outer step).
+- **A group that is behind** (restarted, late, or left out of earlier rounds) is healed in
+  the quorum it joins: a live peer sends its state as it stands at the sync, before the
+  round's average, over torchft's HTTP transport, and ``load_state_dict`` puts it in place
+  (``DiLoCo._recover``): the anchors and outer optimizer, the peer's inner weights and
+  optimizer state, and its clock, so the group reads on from the peers' data position. It
+  contributes nothing to that round (its own round was not trained on the peers' anchors)
+  and takes the same outer step as the peers.
+- **A group joining the run** (the job's start) takes part in the round the others are
+  syncing without contributing; in a new run every group joins at once and nothing moves.
 - **Groups of other settings** are caught at the first quorum they share, before a step is
   taken: each averages a fingerprint of the settings that must agree (the resolved run config
   less its per-group keys, and the tokens' fingerprint: ``launch/shared_settings.py``); where
@@ -30,7 +41,9 @@ from datetime import timedelta
 from typing import Any
 
 import torch
+from torch.distributed import ReduceOp, TCPStore
 
+from callbacks.diloco.exchange import Exchange
 from callbacks.diloco.settings import DiLoCoSettings, TorchftSettings
 from common.errors import ConfigError
 
@@ -48,32 +61,43 @@ def fingerprint(settings: dict[str, Any]) -> torch.Tensor:
     return torch.tensor(slices, dtype=torch.float64)
 
 
+def group_store(host: str) -> tuple[socket.socket, TCPStore]:
+    """This group's own c10d store (torchft's manager rendezvous), listening only on the
+    address the other groups reach it at: c10d binds every interface unless handed a socket
+    already bound (the socket is returned to keep it open)."""
+    listener = socket.create_server((host, 0), family=socket.AF_INET6 if ":" in host else socket.AF_INET)
+    port = listener.getsockname()[1]
+    store = TCPStore(host, port, is_master=True, wait_for_workers=False, master_listen_fd=listener.fileno(), use_libuv=True)
+    return listener, store
+
+
 class TorchftGroup:
     """This job's replica group in the torchft quorum (one process per group)."""
 
     def __init__(
         self,
         settings: TorchftSettings,
+        min_groups: int,
         state_dict: Callable[[], dict[str, Any]],
         load_state_dict: Callable[[dict[str, Any]], None],
         agreed: dict[str, Any],
     ) -> None:
-        from torch.distributed import TCPStore
         from torchft.manager import Manager
         from torchft.process_group import ProcessGroupGloo
 
-        host = settings.host or socket.gethostname()
+        host = settings.reachable_host()
         timeout = timedelta(seconds=settings.timeout_s)
-        self._store = TCPStore(host, 0, is_master=True, wait_for_workers=False)  # this group's own store
+        self._listener, self._store = group_store(host)
         self._load_state_dict = load_state_dict
         self._quorum_timeout_s = settings.quorum_timeout_s
         self.healed_in: float | None = None  # seconds the last quorum took when it healed this group
+        self.contributors = 0  # groups whose round the last sync averaged
         self.manager = Manager(
             pg=ProcessGroupGloo(timeout=timeout),
             load_state_dict=self._recover,
             state_dict=state_dict,
-            min_replica_size=1,
-            use_async_quorum=False,  # heal before the round's first step, not during it
+            min_replica_size=min_groups,
+            use_async_quorum=False,  # heal inside the quorum, before the round's all-reduce
             timeout=timeout,
             quorum_timeout=timedelta(seconds=settings.quorum_timeout_s),
             connect_timeout=timeout,
@@ -94,11 +118,40 @@ class TorchftGroup:
         self._load_state_dict(state)
         self._recovered = True
 
-    def begin_round(self, groups: int = 1) -> None:
+    def sync(self, deltas: list[torch.Tensor], final: bool) -> Exchange:
+        """This group's round, averaged over the groups in the quorum that contributed one
+        (not this group if it was just healed: its round was not trained on the peers'
+        anchors). ``final``: the run's last, plain average. Holds None where the round was
+        discarded."""
+        return self._round(deltas, contribute=True, final=final)
+
+    def join(self, deltas: list[torch.Tensor], groups: int) -> Exchange:
+        """Take part, without contributing, in the round the groups present are syncing
+        (None where none contributed one). ``groups``: ask again, within the quorum
+        timeout, until at least that many are present; a new run waits so for all of them,
+        since a group still starting up would otherwise miss the first round."""
+        return self._round(deltas, contribute=False, final=False, groups=groups)
+
+    def _round(self, deltas: list[torch.Tensor], contribute: bool, final: bool, groups: int = 1) -> Exchange:
+        self._quorum(groups)
+        contribute = contribute and self.healed_in is None
+        flat = torch.cat([delta.reshape(-1).float() for delta in deltas])
+        if not contribute:
+            flat.zero_()
+        tally = torch.tensor([float(contribute), float(contribute and final)])
+        summed = torch.cat([flat, tally])
+        self.manager.allreduce(summed, reduce_op=ReduceOp.SUM).wait()
+        contributors, finals = summed[-2:].tolist()
+        self.contributors = round(contributors)
+        if not self.manager.should_commit() or not self.contributors:
+            return Exchange.done(None)
+        averaged = summed[:-2] / self.contributors
+        parts = averaged.split([delta.numel() for delta in deltas])
+        return Exchange.done([part.view_as(delta) for part, delta in zip(parts, deltas)], final=finals > 0)
+
+    def _quorum(self, groups: int) -> None:
         """Join the next quorum (healing from a live peer if behind), then check that every
-        group present runs the same settings. ``groups``: ask again (within the quorum
-        timeout) until at least that many are present; a run's very first round waits so for
-        all of them, since a group still starting up would otherwise miss it."""
+        group present runs the same settings."""
         self._recovered, started = False, time.perf_counter()
         self._start_quorum()
         while self.groups_present < groups and time.perf_counter() - started < self._quorum_timeout_s:
@@ -127,8 +180,6 @@ class TorchftGroup:
     def _difference(self) -> str:
         """Every group's settings gathered (each writes its own slot of a summed tensor, its
         settings as JSON bytes), and the first key in which another group differs from this one."""
-        from torch.distributed import ReduceOp
-
         encoded = json.dumps(self._agreed, sort_keys=True).encode()
         lengths = torch.zeros(max(SETTINGS_SLOTS, self._group + 1), dtype=torch.float64)
         lengths[self._group] = len(encoded)
@@ -149,14 +200,10 @@ class TorchftGroup:
         return ("the DiLoCo replica groups run with different settings: start every group with the same overrides"
                 " but technique.diloco.torchft.group.")
 
-    def average(self, deltas: list[torch.Tensor]) -> list[torch.Tensor] | None:
-        """The deltas averaged over the groups present, or None when the round is discarded
-        (a group failed during it: torchft's commit vote said no)."""
-        flat = torch.cat([delta.reshape(-1).float() for delta in deltas])
-        self.manager.allreduce(flat).wait()
-        if not self.manager.should_commit():
-            return None
-        return [part.view_as(delta) for part, delta in zip(flat.split([d.numel() for d in deltas]), deltas)]
+    def take_heal(self) -> float | None:
+        """Seconds the last quorum took if it healed this group (once per heal), else None."""
+        healed_in, self.healed_in = self.healed_in, None
+        return healed_in
 
     @property
     def groups_present(self) -> int:

@@ -1,0 +1,89 @@
+"""Fault-tolerant DiLoCo under faults, M = 3 groups on loopback: a straggler left out of rounds
+and healed mid-run, and a chaos run of repeated kills. Rows are checked by content hash
+against an uninterrupted one-job run of the same data (``tests/row_log.py``)."""
+
+from pathlib import Path
+
+import pytest
+
+from benchmarks.torchft_groups import REJOINED, Lighthouse, log_of, metric, row_log, rows, run_chaos, start_group
+from tests.run_helpers import TINY, checkpoint_weights, run_train
+
+SYNC_EVERY = 4
+#: 3 groups of 2 sequences per global step, H = 4; checkpoints every round.
+THREE_GROUPS = [*TINY, "+experiment=diloco", "technique.diloco.replicas=3", "batch.micro_batch_size=2", "batch.global_batch_size=6",
+                f"technique.diloco.sync_every={SYNC_EVERY}", "logger=csv", "callbacks.validation_schedule.every_n_steps=100000",
+                f"callbacks.model_checkpoint.every_n_train_steps={SYNC_EVERY}", "technique.diloco.torchft.timeout_s=10",
+                "technique.diloco.torchft.quorum_timeout_s=120"]  # fmt: skip
+STEPS = 480
+BUDGET = [f"token_budget={STEPS * 6 * 32}"]  # global steps x sequences x tokens
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory) -> dict[int, list[str]]:
+    """The rows each global step reads in one uninterrupted job (M = 1, the same data)."""
+    folder = tmp_path_factory.mktemp("reference") / "run"
+    result = run_train([*THREE_GROUPS, *BUDGET, "technique.diloco.replicas=1", *row_log(folder)], folder,
+                       tmp_path_factory.getbasetemp() / "cache")  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    return rows(folder)
+
+
+def assert_rows_are_the_groups_slices(reference: dict[int, list[str]], runs: dict[int, Path]) -> dict[int, set[int]]:
+    """Each group's rows at each step it trained: 2 of that step's reference rows, disjoint from
+    the other groups'. Returns the steps each group trained."""
+    trained = {g: rows(folder) for g, folder in runs.items()}
+    for g, steps in trained.items():
+        for step, hashes in steps.items():
+            assert len(hashes) == 2 and set(hashes) <= set(reference[step]), f"group {g} step {step}"
+            for other, their in trained.items():
+                assert other == g or not set(hashes) & set(their.get(step, [])), f"groups {g} and {other} at step {step}"
+    return {g: set(steps) for g, steps in trained.items()}
+
+
+def test_a_straggler_is_left_out_of_rounds_and_healed_without_costing_the_others(tmp_path, tmp_path_factory, reference) -> None:
+    """The groups take 0.1 s a step, but group 2 takes 1 s from step 9 to 16 (a round of it
+    outlasts several of the others'): the lighthouse forms the fast groups' quorums without it past its join timeout,
+    their rounds commit, and the straggler heals at a later sync, its clock and data moved to
+    the peers' steps; it then trains with them and all end on the same weights."""
+    cache = tmp_path_factory.getbasetemp() / "cache"
+    steps = 96
+    budget = [f"token_budget={steps * 6 * 32}"]
+    pace = ["+callbacks.pace._target_=tests.pace.Pace", "+callbacks.pace.seconds=0.1"]
+    slow = ["+callbacks.pace._target_=tests.pace.Pace", "+callbacks.pace.seconds=1.0", "+callbacks.pace.from_step=8",
+            "+callbacks.pace.to_step=16"]  # fmt: skip
+    folders = {g: tmp_path / f"group{g}" for g in range(3)}
+    with Lighthouse(min_replicas=2) as lighthouse:
+        processes = [start_group(lighthouse, g, folders[g], cache, [*THREE_GROUPS, *budget, *row_log(folders[g]), *(slow if g == 2 else pace)])
+                     for g in range(3)]  # fmt: skip
+        codes = [process.wait(timeout=400) for process in processes]
+    assert codes == [0, 0, 0], [log_of(folder)[-3000:] for folder in folders.values()]
+    assert REJOINED in log_of(folders[2])
+    for g in (0, 1):  # the fast groups lost no round to the straggler, and trained every step
+        assert "round discarded" not in log_of(folders[g]) and REJOINED not in log_of(folders[g])
+        assert 2.0 in metric(folders[g], "diloco/groups")  # rounds averaged without the straggler
+    trained = assert_rows_are_the_groups_slices(reference, folders)
+    assert trained[0] == trained[1] == set(range(1, steps + 1))
+    skipped = set(range(1, steps + 1)) - trained[2]
+    assert skipped and max(skipped) < 40  # healed over some steps of the slow window, then in step
+    assert metric(folders[2], "diloco/skipped_steps")[-1] == len(skipped)
+    assert metric(folders[2], "diloco/groups")[-1] == 3.0
+    final = [checkpoint_weights(folder / "checkpoints" / "last.ckpt") for folder in folders.values()]
+    for other in final[1:]:
+        for name, value in final[0].items():
+            assert (other[name] - value).abs().max() <= 1e-6, name
+
+
+def test_a_chaos_run_of_repeated_kills_ends_synced_on_the_right_rows(tmp_path, tmp_path_factory, reference) -> None:
+    """Six kills (SIGKILL) of a random group, each restarted at once, alternately from its last
+    checkpoint and without one: every group ends (exit 0) on the same weights, every step a
+    group trained read its slice of that step, and the steps not trained are counted."""
+    result = run_chaos(tmp_path / "chaos", tmp_path_factory.getbasetemp() / "cache", [*THREE_GROUPS, *BUDGET], reference,
+                       groups=3, kills=6, sync_every=SYNC_EVERY, pace_s=0.15, seed=0, timeout_s=170)  # fmt: skip
+    print(result)
+    assert result.exit_codes == [0, 0, 0], result
+    assert result.kills == 6 and result.restarts_from_checkpoint >= 1, result
+    assert result.wrong_rows == [], result.wrong_rows[:5]
+    assert result.weight_difference <= 1e-6, result
+    assert result.steps == STEPS and result.tokens_lost == sum(result.untrained_steps.values()) * 2 * 32
+    assert 0 < sum(result.untrained_steps.values()) < STEPS, result  # a down group's slice is lost, not the run
