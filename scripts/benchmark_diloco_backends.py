@@ -20,20 +20,14 @@ measured in the same call.
 
 import argparse
 import csv
-import os
-import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-#: torchft's lighthouse binary, installed beside this Python (a venv's bin/ need not be on PATH).
-LIGHTHOUSE = shutil.which("torchft_lighthouse", path=str(Path(sys.executable).parent)) or "torchft_lighthouse"
-ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "WANDB_MODE": "offline", "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
+from benchmarks.torchft_groups import ENV, REPO, Lighthouse
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -45,12 +39,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def common(args: argparse.Namespace, folder: Path) -> list[str]:
     return [sys.executable, str(REPO / "train.py"), f"hydra.run.dir={folder}", f"model={args.model}", "+experiment=diloco",
             "technique.diloco.replicas=2", f"technique.diloco.sync_every={args.sync_every}", "batch.global_batch_size=16",
@@ -60,7 +48,7 @@ def common(args: argparse.Namespace, folder: Path) -> list[str]:
 
 def torchft_group(args: argparse.Namespace, folder: Path, lighthouse: str, group: int) -> subprocess.Popen:
     command = [*common(args, folder), "technique.diloco.backend=torchft", f"technique.diloco.torchft.lighthouse={lighthouse}",
-               f"technique.diloco.torchft.group={group}", "technique.diloco.torchft.host=127.0.0.1"]  # fmt: skip
+               f"technique.diloco.torchft.group={group}"]  # fmt: skip
     folder.parent.mkdir(parents=True, exist_ok=True)
     return subprocess.Popen(command, cwd=REPO, env=ENV, stdout=open(f"{folder}.log", "w"), stderr=subprocess.STDOUT)
 
@@ -114,18 +102,10 @@ def run_torchft(args: argparse.Namespace, lighthouse: str, name: str, kill_at: i
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    port = free_port()
-    lighthouse = subprocess.Popen([LIGHTHOUSE, "--min_replicas", "1", "--bind", f"127.0.0.1:{port}",
-                                   "--join_timeout_ms", "2000", "--heartbeat_timeout_ms", "2000"],
-                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
-    address = f"http://127.0.0.1:{port}"
-    try:
-        time.sleep(1.0)
+    with Lighthouse(min_replicas=2, join_timeout_ms=2000, heartbeat_timeout_ms=2000) as lighthouse:
         torch_run = run_torch(args)
-        ft_run, _ = run_torchft(args, address, "torchft", None)
-        rejoined, restart_wall = run_torchft(args, address, "torchft_rejoin", kill_at=args.steps // 3)
-    finally:
-        lighthouse.kill()
+        ft_run, _ = run_torchft(args, lighthouse.address, "torchft", None)
+        rejoined, restart_wall = run_torchft(args, lighthouse.address, "torchft_rejoin", kill_at=args.steps // 3)
     base = statistics.median(column(torch_run, "diloco/sync_seconds"))
     print("| run | median sync (s) | vs torch | bytes per sync | rejoin quorum (s) | restart to rejoined (s) | final val/loss |")
     print("|---|---|---|---|---|---|---|")

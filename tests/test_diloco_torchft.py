@@ -174,14 +174,23 @@ def test_a_group_that_finds_no_quorum_stops_in_one_line_instead_of_training_alon
     assert "Traceback" not in log and not (tmp_path / "group0" / "checkpoints" / "last.ckpt").exists()
 
 
-def test_a_min_groups_outside_the_replicas_is_one_line(tmp_path) -> None:
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("technique.diloco.torchft.group=2", "technique.diloco.torchft.group=2 must be in [0, replicas=2)."),
+        ("technique.diloco.torchft.group=-1", "technique.diloco.torchft.group=-1 must be in [0, replicas=2)."),
+        ("technique.diloco.torchft.min_groups=3",
+         "technique.diloco.torchft.min_groups=3 must be in [1, replicas=2] (null: a majority of the groups)."),
+        ("technique.diloco.torchft.min_groups=0",
+         "technique.diloco.torchft.min_groups=0 must be in [1, replicas=2] (null: a majority of the groups)."),
+    ],
+)  # fmt: skip
+def test_a_group_index_or_min_groups_outside_the_replicas_is_one_line(tmp_path, override: str, message: str) -> None:
     cfg = compose_config([*DILOCO, "technique.diloco.backend=torchft", "technique.diloco.torchft.lighthouse=http://127.0.0.1:29510",
-                          "technique.diloco.torchft.min_groups=3"], tmp_path)  # fmt: skip
+                          override], tmp_path)  # fmt: skip
     with pytest.raises(ConfigError) as error:
         check_config(cfg, processes=1)
-    assert str(error.value) == (
-        "technique.diloco.torchft.min_groups=3 must be in [1, replicas=2] (null: a majority of the groups)."
-    )
+    assert str(error.value) == message
 
 
 @pytest.mark.parametrize(("lighthouse", "loopback"), [("http://127.0.0.1:29510", True), ("http://localhost:29510", True),
