@@ -73,12 +73,13 @@ def train_and_report(cfg: DictConfig, settings: RunSettings, job: SweepJob | Non
 
 def remove_empty_run_folder(runs: Path) -> None:
     """A run that failed before it wrote anything leaves no folder behind (nor, in the default
-    layout ``runs/<experiment>/<time>``, an empty experiment folder or an empty ``runs``)."""
+    layout ``outputs/runs/<experiment>/<time>``, an empty experiment folder, ``runs`` or ``outputs``)."""
     folder = Path(HydraConfig.get().runtime.output_dir)
     if folder.is_dir() and {path.name for path in folder.iterdir()} <= HYDRA_ONLY:
         shutil.rmtree(folder, ignore_errors=True)
-        for empty in (folder.parent, folder.parent.parent):  # runs/<experiment>, then runs itself
-            if runs.resolve() not in (empty.resolve(), empty.parent.resolve()):
+        outputs = runs.parent.resolve()
+        for empty in folder.parents[:3]:  # runs/<experiment>, runs, then the outputs folder itself
+            if outputs != empty.resolve() and outputs not in empty.resolve().parents:
                 break
             try:
                 empty.rmdir()  # only if empty; another run may have just written to it

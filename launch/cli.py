@@ -80,7 +80,7 @@ def closest_key(key: str, arguments: list[str]) -> str | None:
     """The real key nearest to a misspelt one, from the config the other overrides compose."""
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
-    from omegaconf import DictConfig, OmegaConf
+    from omegaconf import DictConfig
 
     overrides = [a for a in arguments if not a.startswith(("-", "hydra.", "hydra/", "+hydra"))]
     GlobalHydra.instance().clear()

@@ -7,6 +7,7 @@ leaves no folder and no cache behind where it stopped before tokenizing.
 """
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -78,6 +79,15 @@ def test_data_mistakes_name_the_file_and_the_fix(tmp_path):
         assert code == 2 and len(lines) == 1 and message in lines[0], (name, stderr[-3000:])
         # Found before the default logger (W&B) started: no run folder, no W&B output.
         assert not (tmp_path / name).exists() and "wandb" not in stderr, (name, stderr[-3000:])
+
+
+def test_a_refused_run_in_the_default_layout_leaves_no_folder_at_all(tmp_path) -> None:
+    """From a fresh folder, with the default logger: no outputs/runs/default/<time>, and no
+    empty runs/default, runs or outputs either."""
+    result = subprocess.run([sys.executable, str(REPO / "train.py"), "batch.global_batch_size=0"], capture_output=True, text=True,
+                            cwd=tmp_path, env={**os.environ, "WANDB_MODE": "offline", "HF_HUB_OFFLINE": "1"})  # fmt: skip
+    assert result.returncode == 2 and result.stderr.strip() == "error: batch.global_batch_size=0 must be >= 1.", result.stderr
+    assert list(tmp_path.iterdir()) == []
 
 
 @pytest.fixture(scope="module")
