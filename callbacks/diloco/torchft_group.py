@@ -52,6 +52,8 @@ log = logging.getLogger(__name__)
 FINGERPRINT_SLOTS = 4
 #: Group indices the settings exchange has room for (a length each, summed over the groups).
 SETTINGS_SLOTS = 1024
+#: Seconds between two quorum requests of a new run's first round, waiting for every group.
+REASK_S = 0.5
 
 
 def fingerprint(settings: dict[str, Any]) -> torch.Tensor:
@@ -155,6 +157,7 @@ class TorchftGroup:
         self._recovered, started = False, time.perf_counter()
         self._start_quorum()
         while self.groups_present < groups and time.perf_counter() - started < self._quorum_timeout_s:
+            time.sleep(REASK_S)  # the others are still starting up
             self._start_quorum()
         self.healed_in = time.perf_counter() - started if self._recovered else None
         mine = self._fingerprint.clone()
