@@ -62,9 +62,13 @@ def test_a_straggler_is_left_out_of_rounds_and_healed_without_costing_the_others
     for g in (0, 1):  # the fast groups lost no round to the straggler, and trained every step
         assert "round discarded" not in log_of(folders[g]) and REJOINED not in log_of(folders[g])
         assert 2.0 in metric(folders[g], "diloco/groups")  # rounds averaged without the straggler
+    rounds = {g: metric(folders[g], "diloco/groups") for g in range(3)}
+    print(f"rounds averaged per group {[len(r) for r in rounds.values()]}, by groups present {rounds[0]};"
+          f" group 2 healed {log_of(folders[2]).count(REJOINED)} times")  # fmt: skip
     trained = assert_rows_are_the_groups_slices(reference, folders)
     assert trained[0] == trained[1] == set(range(1, steps + 1))
     skipped = set(range(1, steps + 1)) - trained[2]
+    print(f"group 2 skipped steps {sorted(skipped)}")
     assert skipped and max(skipped) < 40  # healed over some steps of the slow window, then in step
     assert metric(folders[2], "diloco/skipped_steps")[-1] == len(skipped)
     assert metric(folders[2], "diloco/groups")[-1] == 3.0
