@@ -14,7 +14,7 @@ import csv
 import pytest
 import torch
 
-from callbacks.diloco.exchange import bytes_sent_per_sync
+from callbacks.diloco.exchange import Exchange, bytes_sent_per_sync
 from callbacks.diloco.fragments import fragments_due, split_parameters
 from callbacks.diloco.outer_step import OuterStep
 from callbacks.diloco.sync import FragmentSync
@@ -186,3 +186,42 @@ def test_resume_with_a_fragment_in_flight_is_exact(simulated, tmp_path, tmp_path
                     tmp_path_factory)  # fmt: skip
     for name, value in weights.items():
         assert torch.equal(resumed[name], value), name
+
+
+PEERS_DELTA = [0.05 * torch.ones(shape, dtype=torch.float64) for shape in SHAPES]
+
+
+def one_group(exchange: Exchange, moved: float = 0.3) -> tuple[FragmentSync, list[torch.Tensor]]:
+    """One torchft group's outer loop whose averages come back as ``exchange``, its weights moved off the anchors."""
+    weights = [[w + moved for w in initial_weights()]]
+    outer = OuterStep([w.clone() for w in initial_weights()], lambda a: torch.optim.SGD(a, lr=0.7, momentum=0.9, nesterov=True))
+    sync = FragmentSync(weights, [list(range(len(SHAPES)))], outer, 4, 0, 0.0, "none", None,
+                        norm=lambda indices, deltas: torch.zeros(()), average=lambda deltas, final, ends: exchange)  # fmt: skip
+    return sync, weights[0]
+
+
+@pytest.mark.parametrize(("final", "ends"), [(False, False), (False, True), (True, True)])
+def test_a_fault_tolerant_round_is_applied_as_the_groups_that_sent_it_did(final: bool, ends: bool) -> None:
+    """A group healed into its peers' sync takes what they took: the outer step (Nesterov's
+    first step moves by lr (1 + momentum) delta), or, where they were taking the run's final
+    plain average, anchor - delta; and it ends the run where they end it."""
+    sync, weights = one_group(Exchange.done(PEERS_DELTA, final=final, ends=ends))
+    records = sync.after_global_step(4)
+    scale = 1.0 if final else 0.7 * (1 + 0.9)
+    for weight, start, delta in zip(weights, initial_weights(), PEERS_DELTA):
+        torch.testing.assert_close(weight, start - scale * delta, rtol=0, atol=1e-12)
+    assert [(record.fragment, record.ends) for record in records] == [(None if final else 0, ends)]
+
+
+def test_a_joining_group_moves_only_where_the_others_averaged_a_round() -> None:
+    """Joining: where no group contributed a round (a new run, every group joining), the
+    group's weights stay where they are (a checkpoint's mid-round weights included); where
+    the others averaged one, it takes their step from the anchors."""
+    sync, weights = one_group(Exchange.done(None))
+    assert sync.join(lambda deltas: Exchange.done(None)) == [] and sync.discarded == 0
+    for weight, start in zip(weights, initial_weights()):
+        torch.testing.assert_close(weight, start + 0.3, rtol=0, atol=0)
+    records = sync.join(lambda deltas: Exchange.done(PEERS_DELTA))
+    for weight, start, delta in zip(weights, initial_weights(), PEERS_DELTA):
+        torch.testing.assert_close(weight, start - 0.7 * 1.9 * delta, rtol=0, atol=1e-12)
+    assert len(records) == 1 and not records[0].ends

@@ -169,7 +169,7 @@ class DiLoCo(StepCallback):
         self._load_run_counters(received["counters"])
 
     def _after_round(self, state: TrainingState, records: list[SyncRecord]) -> None:
-        """Log a heal; a group healed into the peers' final average ends with them."""
+        """Log a heal; a group healed into the peers' last sync ends the run with them."""
         for record in records:
             self._log_sync(state, record)
         healed_in = self._groups.take_heal()
@@ -180,7 +180,7 @@ class DiLoCo(StepCallback):
             )  # fmt: skip
             state.record_metrics({"diloco/rejoin_seconds": healed_in, "diloco/skipped_steps": self._skipped_steps})
             state.log_now()
-        if any(record.fragment is None for record in records):
+        if any(record.ends for record in records):
             state.stopping = True
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -207,7 +207,7 @@ class DiLoCo(StepCallback):
             return
         self.dp_bytes += self._dp_bytes_per_step
         discarded, started = self._sync.discarded, time.perf_counter()
-        records = self._sync.after_global_step(state.global_steps)
+        records = self._sync.after_global_step(state.global_steps, ending=state.stopping)
         if state.stopping:
             records += self._sync.finish()
         self._sync_seconds = time.perf_counter() - started

@@ -45,17 +45,17 @@ def average_in_process(deltas: list[torch.Tensor], compression: str) -> torch.Te
 class Exchange:
     """An average of replicas' deltas that may still be on the wire; ``wait`` completes it once.
 
-    ``final``: the replicas that sent it were taking the run's final plain average (no outer
-    step), which a torchft group healed into that round must take too."""
+    What a torchft group healed into the round must do as the groups that sent it did:
+    ``final``, take the run's final plain average (no outer step); ``ends``, end the run there."""
 
-    def __init__(self, finish, works: list[dist.Work], final: bool = False) -> None:
-        self._finish, self._works, self.final = finish, works, final
+    def __init__(self, finish, works: list[dist.Work], final: bool = False, ends: bool = False) -> None:
+        self._finish, self._works, self.final, self.ends = finish, works, final, ends
         self._result: list[torch.Tensor] | None = None
 
     @classmethod
-    def done(cls, values: list[torch.Tensor] | None, final: bool = False) -> "Exchange":
+    def done(cls, values: list[torch.Tensor] | None, final: bool = False, ends: bool = False) -> "Exchange":
         """An exchange already complete (None: a round the replica groups discarded)."""
-        return cls(lambda: values, [], final)
+        return cls(lambda: values, [], final, ends)
 
     def wait(self) -> list[torch.Tensor] | None:
         if self._result is None:

@@ -43,11 +43,12 @@ class InFlight:
 @dataclass
 class SyncRecord:
     """A completed sync, for the logs: the fragment (None: the final averaging), the norm of
-    its averaged delta, and the parameters it exchanged."""
+    its averaged delta, the parameters it exchanged, and whether the run ends with it."""
 
     fragment: int | None
     norm: torch.Tensor
     indices: list[int]
+    ends: bool = False
 
 
 class FragmentSync:
@@ -56,8 +57,9 @@ class FragmentSync:
     ``weights``: per replica held here (all M when simulated, else one), the live local
     tensors of every parameter. ``group``: the replica group of real replicas (None when
     simulated or M = 1). ``average``: a fault-tolerant average over replica groups that are
-    jobs of their own (torchft), given the deltas and whether this is the run's final
-    average; its exchange holds None for a round the groups discarded.
+    jobs of their own (torchft), given the deltas, whether this is the run's final plain
+    average and whether the run ends with it; its exchange holds None for a round the groups
+    discarded.
     """
 
     def __init__(
@@ -71,7 +73,7 @@ class FragmentSync:
         compression: str,
         group: dist.ProcessGroup | None,
         norm: Norm,
-        average: Callable[[list[torch.Tensor], bool], Exchange] | None = None,
+        average: Callable[[list[torch.Tensor], bool, bool], Exchange] | None = None,
     ) -> None:
         self.weights, self.fragments, self.outer = weights, fragments, outer
         self.sync_every, self.delay, self.alpha = sync_every, delay, alpha
@@ -82,10 +84,11 @@ class FragmentSync:
         self.in_flight: list[InFlight] = []
         self._synced: set[int] = set()  # fragments whose weights equal their anchors
 
-    def after_global_step(self, step: int) -> list[SyncRecord]:
+    def after_global_step(self, step: int, ending: bool = False) -> list[SyncRecord]:
+        """``ending``: the run ends after this step."""
         self._synced.clear()  # an inner step has moved every fragment
         for fragment in fragments_due(step, self.sync_every, len(self.fragments)):
-            exchange = self._start(self.fragments[fragment])  # a torchft group healed here has new state
+            exchange = self._start(self.fragments[fragment], ends=ending)  # a torchft group healed here has new state
             self.in_flight.append(InFlight(fragment, step + self.delay, exchange))
         due = [flight for flight in self.in_flight if flight.merge_after <= step]
         self.in_flight = [flight for flight in self.in_flight if flight.merge_after > step]
@@ -96,7 +99,7 @@ class FragmentSync:
         records = [record for record in map(self._complete, self.in_flight) if record is not None]
         self.in_flight = []
         indices = [i for fragment, ids in enumerate(self.fragments) if fragment not in self._synced for i in ids]
-        final = self._settle(None, indices, self._start(indices, final=True)) if indices else None
+        final = self._settle(None, indices, self._start(indices, final=True, ends=True)) if indices else None
         return records + ([final] if final else [])
 
     def join(self, take_part: Callable[[list[torch.Tensor]], Exchange]) -> list[SyncRecord]:
@@ -110,12 +113,12 @@ class FragmentSync:
             return []
         return [self._settle(len(self.fragments) - 1, indices, exchange)]
 
-    def _start(self, indices: list[int], final: bool = False) -> Exchange:
+    def _start(self, indices: list[int], final: bool = False, ends: bool = False) -> Exchange:
         deltas = [self._deltas(indices, weights) for weights in self.weights]
         if len(deltas) > 1:
             return Exchange.done([average_in_process(list(each), self.compression) for each in zip(*deltas)])
         if self.average is not None:
-            return self.average(deltas[0], final)
+            return self.average(deltas[0], final, ends)
         if self.group is None:
             return Exchange.done(deltas[0])
         return start_average(deltas[0], self.group, self.compression)
@@ -141,12 +144,12 @@ class FragmentSync:
             self.outer.average(indices, averaged)
             self._merge(indices, alpha=0.0)
             self._synced.update(range(len(self.fragments)))  # nothing is left to average
-            return SyncRecord(None, self.norm(indices, averaged), indices)
+            return SyncRecord(None, self.norm(indices, averaged), indices, ends=True)
         self.outer.step(indices, averaged)
         self._merge(indices, self.alpha)
         if self.alpha == 0:
             self._synced.add(fragment)
-        return SyncRecord(fragment, self.norm(indices, averaged), indices)
+        return SyncRecord(fragment, self.norm(indices, averaged), indices, ends=exchange.ends)
 
     def _merge(self, indices: list[int], alpha: float) -> None:
         for weights in self.weights:

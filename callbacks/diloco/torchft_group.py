@@ -120,36 +120,36 @@ class TorchftGroup:
         self._load_state_dict(state)
         self._recovered = True
 
-    def sync(self, deltas: list[torch.Tensor], final: bool) -> Exchange:
+    def sync(self, deltas: list[torch.Tensor], final: bool, ends: bool) -> Exchange:
         """This group's round, averaged over the groups in the quorum that contributed one
         (not this group if it was just healed: its round was not trained on the peers'
-        anchors). ``final``: the run's last, plain average. Holds None where the round was
-        discarded."""
-        return self._round(deltas, contribute=True, final=final)
+        anchors). ``final``: the run's last, plain average; ``ends``: the run ends after it.
+        Holds None where the round was discarded."""
+        return self._round(deltas, contribute=True, final=final, ends=ends)
 
     def join(self, deltas: list[torch.Tensor], groups: int) -> Exchange:
         """Take part, without contributing, in the round the groups present are syncing
         (None where none contributed one). ``groups``: ask again, within the quorum
         timeout, until at least that many are present; a new run waits so for all of them,
         since a group still starting up would otherwise miss the first round."""
-        return self._round(deltas, contribute=False, final=False, groups=groups)
+        return self._round(deltas, contribute=False, final=False, ends=False, groups=groups)
 
-    def _round(self, deltas: list[torch.Tensor], contribute: bool, final: bool, groups: int = 1) -> Exchange:
+    def _round(self, deltas: list[torch.Tensor], contribute: bool, final: bool, ends: bool, groups: int = 1) -> Exchange:
         self._quorum(groups)
         contribute = contribute and self.healed_in is None
         flat = torch.cat([delta.reshape(-1).float() for delta in deltas])
         if not contribute:
             flat.zero_()
-        tally = torch.tensor([float(contribute), float(contribute and final)])
+        tally = torch.tensor([float(contribute), float(contribute and final), float(contribute and ends)])
         summed = torch.cat([flat, tally])
         self.manager.allreduce(summed, reduce_op=ReduceOp.SUM).wait()
-        contributors, finals = summed[-2:].tolist()
+        contributors, finals, endings = summed[-3:].tolist()
         self.contributors = round(contributors)
         if not self.manager.should_commit() or not self.contributors:
             return Exchange.done(None)
-        averaged = summed[:-2] / self.contributors
+        averaged = summed[:-3] / self.contributors
         parts = averaged.split([delta.numel() for delta in deltas])
-        return Exchange.done([part.view_as(delta) for part, delta in zip(parts, deltas)], final=finals > 0)
+        return Exchange.done([part.view_as(delta) for part, delta in zip(parts, deltas)], final=finals > 0, ends=endings > 0)
 
     def _quorum(self, groups: int) -> None:
         """Join the next quorum (healing from a live peer if behind), then check that every
