@@ -27,6 +27,7 @@ PER_JOB = (
     "callbacks.progress_bar",
     "logger",
     "experiment_name",
+    "experiment_note",
     "ckpt_path",
     "hydra",
 )

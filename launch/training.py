@@ -67,6 +67,8 @@ def train(cfg: DictConfig, settings: RunSettings) -> RunResult:
         settings = check_config(cfg, processes=world)  # the checks that needed the process count
     check_kernels_available(settings.layout)
     L.seed_everything(cfg.seed, workers=True, verbose=False)
+    if cfg.get("experiment_note"):
+        log.info("%s: %s", cfg.experiment_name, cfg.experiment_note)
     datamodule = build_datamodule(cfg, settings)
     check_device_memory(cfg, settings, datamodule.vocab_size)
     if int(os.environ.get("LOCAL_RANK", 0)) == 0:

@@ -6,6 +6,7 @@ import sys
 
 import pytest
 import torch
+from omegaconf import OmegaConf
 
 from launch.builders import build_module, wandb_identity, wandb_tags
 from common.errors import ConfigError
@@ -120,3 +121,13 @@ def test_wandb_groups_a_study_and_takes_the_arm_as_job_type(tmp_path):
     assert study["group"] == "study_batch_schedules/2026-01-01_00-00-00" and study["job_type"] == "constant_64"
     plain = identity(["optimizer.lr=1e-3", "seed=2"])
     assert plain["job_type"] == "optimizer.lr=1e-3" and plain["group"] == "default/2026-01-01_00-00-00"
+
+
+def test_a_preset_that_trades_loss_for_steps_says_so_as_it_starts(tmp_path):
+    """Its note is the first line the run itself prints (``experiment_note``)."""
+    result = run_train([*TINY, "+experiment=bs_warmup", "batch.global_batch_size=16", "trainer.max_steps=1", "logger=csv"],
+                       tmp_path / "run", tmp_path / "cache")  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    note = OmegaConf.load(REPO / "conf" / "experiment" / "bs_warmup.yaml").experiment_note
+    ours = [line for line in (result.stdout + result.stderr).splitlines() if "][launch." in line or "][callbacks." in line]
+    assert ours[0].endswith(f"[INFO] - bs_warmup: {note}"), ours[:3]
