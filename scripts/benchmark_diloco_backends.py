@@ -19,7 +19,6 @@ measured in the same call.
 """
 
 import argparse
-import csv
 import signal
 import statistics
 import subprocess
@@ -27,7 +26,7 @@ import sys
 import time
 from pathlib import Path
 
-from benchmarks.torchft_groups import ENV, REPO, Lighthouse
+from benchmarks.torchft_groups import ENV, REPO, Lighthouse, metric as column
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -51,11 +50,6 @@ def torchft_group(args: argparse.Namespace, folder: Path, lighthouse: str, group
                f"technique.diloco.torchft.group={group}"]  # fmt: skip
     folder.parent.mkdir(parents=True, exist_ok=True)
     return subprocess.Popen(command, cwd=REPO, env=ENV, stdout=open(f"{folder}.log", "w"), stderr=subprocess.STDOUT)
-
-
-def column(folder: Path, key: str) -> list[float]:
-    with open(folder / "csv" / "metrics.csv") as file:
-        return [float(row[key]) for row in csv.DictReader(file) if row.get(key)]
 
 
 def wait(processes: list[subprocess.Popen]) -> None:
