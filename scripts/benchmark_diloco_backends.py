@@ -39,7 +39,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def common(args: argparse.Namespace, folder: Path) -> list[str]:
-    return [sys.executable, str(REPO / "train.py"), f"hydra.run.dir={folder}", f"model={args.model}", "+experiment=diloco",
+    return [sys.executable, str(REPO / "train.py"), f"hydra.run.dir={folder}", f"model={args.model}", "+technique=diloco",
             "technique.diloco.replicas=2", f"technique.diloco.sync_every={args.sync_every}", "batch.global_batch_size=16",
             f"trainer.max_steps={args.steps}", "logger=csv", "callbacks.validation_schedule.every_n_steps=100000",
             f"callbacks.model_checkpoint.every_n_train_steps={args.sync_every * 2}"]  # fmt: skip

@@ -38,7 +38,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def overrides(steps: int) -> list[str]:
-    return [*TINY, "+experiment=diloco", "technique.diloco.replicas=3", "batch.micro_batch_size=2", "batch.global_batch_size=6",
+    return [*TINY, "+technique=diloco", "technique.diloco.replicas=3", "batch.micro_batch_size=2", "batch.global_batch_size=6",
             f"technique.diloco.sync_every={SYNC_EVERY}", "logger=csv", "callbacks.validation_schedule.every_n_steps=100000",
             f"callbacks.model_checkpoint.every_n_train_steps={SYNC_EVERY}", "technique.diloco.torchft.timeout_s=10",
             "technique.diloco.torchft.quorum_timeout_s=120", f"token_budget={steps * 6 * 32}"]  # fmt: skip

@@ -38,7 +38,7 @@ def pairs(batch: int, micro: int) -> dict[str, tuple[list[str], list[str], str]]
             f"{samples} gradient copies",
         ),
         "simulated DiLoCo M=2": (
-            ["+experiment=diloco", f"batch.global_batch_size={2 * batch}", f"batch.micro_batch_size={micro}",
+            ["+technique=diloco", f"batch.global_batch_size={2 * batch}", f"batch.micro_batch_size={micro}",
              "technique.diloco.sync_every=30"],  # fmt: skip
             ["+experiment=constant_bs", f"batch.global_batch_size={batch}", f"batch.micro_batch_size={micro}"],
             "anchor + momentum + 1 weight copy + 1 AdamW state (5 fp32 copies)",

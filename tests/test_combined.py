@@ -21,6 +21,9 @@ COMBINED = TINY + [
     "technique.seq_len_warmup.total_curriculum_step=4",  # 8 -> 32 tokens over 4 global steps
     "technique.seq_len_warmup.preallocate=false",
     "technique.diloco.sync_every=3",
+    "technique.diloco.outer_lr=0.7",  # an outer momentum, so resuming must restore its buffer
+    "technique.diloco.outer_optimizer.momentum=0.9",
+    "technique.diloco.outer_optimizer.nesterov=true",
     "logger=csv",
     "callbacks.validation_schedule.every_n_steps=1000",
 ]

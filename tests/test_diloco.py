@@ -18,7 +18,7 @@ from callbacks.diloco.outer_step import OuterStep
 from tests.run_helpers import TINY, checkpoint_weights, compose_config, fit_in_process, run_train
 
 DILOCO = TINY + [
-    "+experiment=diloco",
+    "+technique=diloco",
     "batch.micro_batch_size=2",
     "batch.global_batch_size=4",
     "technique.diloco.sync_every=2",

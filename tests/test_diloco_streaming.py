@@ -132,7 +132,7 @@ def test_bytes_per_sync_are_one_pth_of_classic_diloco(fragments):
 
 
 STREAMING = TINY + [
-    "+experiment=diloco",
+    "+technique=diloco",
     "batch.micro_batch_size=2",
     "batch.global_batch_size=4",
     "technique.diloco.sync_every=4",

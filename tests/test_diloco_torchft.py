@@ -22,7 +22,7 @@ from common.errors import ConfigError
 from launch.run_settings import check_config
 from tests.run_helpers import TINY, checkpoint_weights, compose_config, run_train
 
-DILOCO = [*TINY, "+experiment=diloco", "batch.micro_batch_size=2", "batch.global_batch_size=4", "technique.diloco.sync_every=2",
+DILOCO = [*TINY, "+technique=diloco", "batch.micro_batch_size=2", "batch.global_batch_size=4", "technique.diloco.sync_every=2",
           "logger=csv", "callbacks.validation_schedule.every_n_steps=1000"]  # fmt: skip
 ATOL = 1e-5  # as today's real-against-simulated DiLoCo test: float reduction order only
 

@@ -11,7 +11,7 @@ from tests.run_helpers import TINY, checkpoint_weights, run_train
 
 SYNC_EVERY = 4
 #: 3 groups of 2 sequences per global step, H = 4; checkpoints every round.
-THREE_GROUPS = [*TINY, "+experiment=diloco", "technique.diloco.replicas=3", "batch.micro_batch_size=2", "batch.global_batch_size=6",
+THREE_GROUPS = [*TINY, "+technique=diloco", "technique.diloco.replicas=3", "batch.micro_batch_size=2", "batch.global_batch_size=6",
                 f"technique.diloco.sync_every={SYNC_EVERY}", "logger=csv", "callbacks.validation_schedule.every_n_steps=100000",
                 f"callbacks.model_checkpoint.every_n_train_steps={SYNC_EVERY}", "technique.diloco.torchft.timeout_s=10",
                 "technique.diloco.torchft.quorum_timeout_s=120"]  # fmt: skip
