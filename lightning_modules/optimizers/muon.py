@@ -3,8 +3,9 @@
 Muon (Jordan et al. 2024) replaces each hidden matrix's momentum update by its nearest
 semi-orthogonal matrix, computed with a few Newton-Schulz iterations; Moonlight (Liu et al.
 2025, arXiv 2502.16982) trained Llama-style models with it to a given loss on markedly fewer
-tokens than AdamW. ``torch.optim.Muon`` does the work; this file only decides which
-parameters it gets and steps it together with AdamW:
+tokens than AdamW. This file holds Muon's step (``torch.optim.Muon``'s update, with the
+Newton-Schulz iteration in a chosen dtype), decides which parameters it gets, and steps it
+together with AdamW:
 
 - **Muon**: every ``nn.Linear`` weight inside the transformer blocks (attention q, k, v, o
   and MLP gate, up, down projections);
@@ -15,6 +16,11 @@ parameters it gets and steps it together with AdamW:
 by 0.2 sqrt(max(A, B)), which gives its update the RMS of a typical AdamW update: one peak
 learning rate, one weight decay and one schedule then drive both groups.
 
+``ns_dtype``: ``torch.optim.Muon`` always iterates in bfloat16, cheap on GPUs and on CPUs
+with AVX-512 bf16; on CPUs without it a bfloat16 matrix product is tens of times slower than
+a float32 one (docs/results.md, "The default recipe"), so CPU runs may ask for float32. In
+bfloat16 the step equals ``torch.optim.Muon``'s bit for bit (tested).
+
 Sharding: under DDP every rank steps whole matrices on the all-reduced gradient. Under
 FSDP2 each rank holds a row shard of every matrix as a DTensor; the Newton-Schulz iteration
 (matrix products and a norm over the whole matrix) runs on those DTensors, and DTensor
@@ -24,6 +30,7 @@ costs an all-gather of each matrix's update per step, like a forward pass's weig
 flattens parameters into 1-D shards, so Muon cannot see matrices there: refused.
 """
 
+import math
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -35,6 +42,58 @@ from lightning_modules.llama import TransformerBlock
 from lightning_modules.optimizers.settings import OptimizerSettings, check_betas, decay_groups, trainable
 
 ADJUST_LR = ("match_rms_adamw", "original")
+NS_DTYPES = ("bfloat16", "float32")
+NS_COEFFICIENTS = (3.4445, -4.7750, 2.0315)  # Jordan et al.'s quintic iteration, as torch's
+
+
+def newton_schulz(update: torch.Tensor, steps: int, dtype: torch.dtype, eps: float = 1e-7) -> torch.Tensor:
+    """About the nearest semi-orthogonal matrix to ``update`` (singular values pushed into
+    roughly [0.7, 1.2]), iterated on the wide orientation so the Gram matrix is the small one."""
+    a, b, c = NS_COEFFICIENTS
+    tall = update.size(0) > update.size(1)
+    x = update.to(dtype)
+    x = x.T if tall else x
+    x = x / x.norm().clamp(min=eps)
+    for _ in range(steps):
+        gram = x @ x.T
+        x = torch.addmm(x, torch.addmm(gram, gram, gram, beta=b, alpha=c), x, beta=a)
+    return x.T if tall else x
+
+
+def lr_ratio(rule: str, shape: torch.Size) -> float:
+    """Muon's rate for an A x B matrix relative to the group's: ``original`` keeps the update's
+    RMS near that of an orthogonal matrix; ``match_rms_adamw`` near a typical AdamW update's."""
+    rows, cols = shape[:2]
+    return 0.2 * math.sqrt(max(rows, cols)) if rule == "match_rms_adamw" else math.sqrt(max(1.0, rows / cols))
+
+
+class Muon(torch.optim.Optimizer):
+    """Muon on 2-D parameters: momentum (Nesterov optional), orthogonalised by Newton-Schulz
+    in ``ns_dtype``, decoupled weight decay. Group keys and the ``momentum_buffer`` state are
+    ``torch.optim.Muon``'s (plus ``ns_dtype``), so its checkpoints load here."""
+
+    def __init__(self, params: Any, *, lr: float, weight_decay: float, momentum: float, nesterov: bool,
+                 ns_steps: int, adjust_lr_fn: str, ns_dtype: str) -> None:  # fmt: skip
+        defaults = {"lr": lr, "weight_decay": weight_decay, "momentum": momentum, "nesterov": nesterov,
+                    "ns_steps": ns_steps, "adjust_lr_fn": adjust_lr_fn, "ns_dtype": ns_dtype}  # fmt: skip
+        super().__init__(params, defaults)
+
+    @torch.no_grad()
+    def step(self, closure: None = None) -> None:
+        """One step on the gradients present (``MuonWithAdamW`` evaluates any closure first)."""
+        for group in self.param_groups:
+            lr, momentum, dtype = group["lr"], group["momentum"], getattr(torch, group["ns_dtype"])
+            for param in group["params"]:
+                if param.grad is None:
+                    continue
+                state = self.state[param]
+                if "momentum_buffer" not in state:
+                    state["momentum_buffer"] = torch.zeros_like(param.grad)
+                buffer = state["momentum_buffer"].lerp_(param.grad, 1 - momentum)
+                update = param.grad.lerp(buffer, momentum) if group["nesterov"] else buffer
+                update = newton_schulz(update, group["ns_steps"], dtype)
+                param.mul_(1 - lr * group["weight_decay"])
+                param.add_(update, alpha=-lr * lr_ratio(group["adjust_lr_fn"], param.shape))
 
 
 def hidden_matrices(model: nn.Module) -> list[nn.Parameter]:
@@ -47,7 +106,7 @@ def hidden_matrices(model: nn.Module) -> list[nn.Parameter]:
 
 
 class MuonWithAdamW(torch.optim.Optimizer):
-    """A ``torch.optim.Muon`` and a ``torch.optim.AdamW`` stepped as one optimizer.
+    """A ``Muon`` and a ``torch.optim.AdamW`` stepped as one optimizer.
 
     Their parameter groups (Muon's first) and their per-parameter state are this optimizer's
     own, shared by reference, so the training module (which sets every group's learning
@@ -55,7 +114,7 @@ class MuonWithAdamW(torch.optim.Optimizer):
     (which swaps ``state`` between simulated replicas) see one optimizer.
     """
 
-    def __init__(self, muon: torch.optim.Muon, adamw: torch.optim.AdamW) -> None:
+    def __init__(self, muon: Muon, adamw: torch.optim.AdamW) -> None:
         self.muon, self.adamw = muon, adamw
         self._muon_groups = len(muon.param_groups)
         super().__init__([*muon.param_groups, *adamw.param_groups], defaults={})
@@ -102,7 +161,7 @@ class MuonWithAdamW(torch.optim.Optimizer):
 
 @dataclass(kw_only=True)
 class MuonSettings(OptimizerSettings):
-    """``conf/optimizer/muon.yaml``: Muon's momentum, Nesterov, Newton-Schulz steps and LR rule;
+    """``conf/optimizer/muon.yaml``: Muon's momentum, Nesterov, Newton-Schulz steps and dtype, LR rule;
     AdamW's betas and eps for the other parameters; the shared LR, weight decay and clipping."""
 
     kind: ClassVar[str] = "muon"
@@ -111,6 +170,7 @@ class MuonSettings(OptimizerSettings):
     nesterov: bool
     ns_steps: int
     adjust_lr_fn: str
+    ns_dtype: str
     betas: list[float]
     eps: float
 
@@ -123,6 +183,8 @@ class MuonSettings(OptimizerSettings):
             raise ConfigError(f"optimizer.ns_steps={self.ns_steps} must lie in [1, 99].")
         if self.adjust_lr_fn not in ADJUST_LR:
             raise ConfigError(f"optimizer.adjust_lr_fn={self.adjust_lr_fn!r} is unknown; choose one of {ADJUST_LR}.")
+        if self.ns_dtype not in NS_DTYPES:
+            raise ConfigError(f"optimizer.ns_dtype={self.ns_dtype!r} is unknown; choose one of {NS_DTYPES}.")
 
     def check(self, strategy: str) -> None:
         if strategy == "fsdp":
@@ -135,9 +197,9 @@ class MuonSettings(OptimizerSettings):
         hidden = hidden_matrices(model)
         muon_ids = {id(p) for p in hidden}
         rest = [p for p in trainable(model) if id(p) not in muon_ids]
-        muon = torch.optim.Muon(
+        muon = Muon(
             [{"params": hidden, "name": "muon"}], lr=self.lr, weight_decay=self.weight_decay, momentum=self.momentum,
-            nesterov=self.nesterov, ns_steps=self.ns_steps, adjust_lr_fn=self.adjust_lr_fn,
+            nesterov=self.nesterov, ns_steps=self.ns_steps, adjust_lr_fn=self.adjust_lr_fn, ns_dtype=self.ns_dtype,
         )  # fmt: skip
         decayed, gains = decay_groups(rest, model, self.weight_decay)
         fused = fused and all(p.device.type == "cuda" for p in rest)
@@ -150,6 +212,6 @@ class MuonSettings(OptimizerSettings):
     def apply(self, optimizer: torch.optim.Optimizer) -> None:
         muon, decayed, gains = optimizer.param_groups
         muon.update(weight_decay=self.weight_decay, momentum=self.momentum, nesterov=self.nesterov,
-                    ns_steps=self.ns_steps, adjust_lr_fn=self.adjust_lr_fn)  # fmt: skip
+                    ns_steps=self.ns_steps, adjust_lr_fn=self.adjust_lr_fn, ns_dtype=self.ns_dtype)  # fmt: skip
         for group, decay in ((decayed, self.weight_decay), (gains, 0.0)):
             group.update(betas=tuple(self.betas), eps=self.eps, weight_decay=decay)
