@@ -122,6 +122,19 @@ def test_muon_in_bfloat16_steps_as_torch_muon(adjust_lr_fn):
     assert all(torch.equal(mine, torchs) for mine, torchs in zip(ours, theirs, strict=True))
 
 
+def test_muon_auto_iterates_in_float32_on_cpu_and_keeps_it_on_resume():
+    """``ns_dtype: auto`` on a CPU model iterates in float32 (bfloat16 is fast only on some
+    CPUs); a checkpoint saved by an older torch.optim.Muon (no ``ns_dtype`` key) gets it back."""
+    model = tiny_model()
+    optimizer = muon_settings(ns_dtype="auto").build(model, fused=False)
+    assert optimizer.param_groups[0]["ns_dtype"] == "float32"
+    state = optimizer.state_dict()
+    del state["param_groups"][0]["ns_dtype"]
+    optimizer.load_state_dict(state)
+    muon_settings(ns_dtype="auto").apply(optimizer)
+    assert optimizer.param_groups[0]["ns_dtype"] == "float32"
+
+
 def steps_start(twin: Llama, name: str) -> torch.Tensor:
     """The hidden matrix before any step (the twin's Muon matrices are never stepped)."""
     return dict(twin.named_parameters())[name].detach().double()
@@ -156,9 +169,9 @@ def one_process(tmp_path_factory) -> Path:
 @pytest.mark.parametrize(("strategy", "atol"), [("ddp", 1e-5), ("fsdp2", 1e-4)])
 def test_two_ranks_take_the_steps_of_one_process(strategy, atol, one_process, tmp_path, tmp_path_factory):
     """DDP steps whole matrices on the averaged gradient, summed in another order than one
-    process's, so a bfloat16 rounding inside Newton-Schulz may flip (an AVX-512 BF16 machine:
-    4.8e-6 on a loss of 5.5); FSDP2 runs Newton-Schulz on row-sharded DTensors (bfloat16
-    products over gathered shards: equal to 1e-4)."""
+    process's (in bfloat16, on an AVX-512 BF16 machine, a flipped rounding inside Newton-Schulz
+    moved a loss of 5.5 by 4.8e-6; on CPU ``auto`` now iterates in float32); FSDP2 runs
+    Newton-Schulz on row-sharded DTensors (products over gathered shards: equal to 1e-4)."""
     overrides = [*MUON, f"strategy={strategy}", "trainer.devices=2", "trainer.accelerator=cpu"]
     result = run_train(overrides, tmp_path / "two", tmp_path_factory.getbasetemp() / "cache")
     assert result.returncode == 0, result.stderr[-3000:]

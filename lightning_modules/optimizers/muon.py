@@ -18,16 +18,9 @@ learning rate, one weight decay and one schedule then drive both groups.
 
 ``ns_dtype``: ``torch.optim.Muon`` always iterates in bfloat16, cheap on GPUs and on CPUs
 with AVX-512 bf16; on CPUs without it a bfloat16 matrix product is tens of times slower than
-a float32 one (docs/results.md, "The default recipe"), so CPU runs may ask for float32. In
-bfloat16 the step equals ``torch.optim.Muon``'s bit for bit (tested).
-
-Sharding: under DDP every rank steps whole matrices on the all-reduced gradient. Under
-FSDP2 each rank holds a row shard of every matrix as a DTensor; the Newton-Schulz iteration
-(matrix products and a norm over the whole matrix) runs on those DTensors, and DTensor
-gathers the shards the products need, so every rank computes the update of the whole
-matrix and keeps its own rows (tested: 2 ranks take the same steps as one process). This
-costs an all-gather of each matrix's update per step, like a forward pass's weights. FSDP1
-flattens parameters into 1-D shards, so Muon cannot see matrices there: refused.
+a float32 one (docs/results.md, "The default recipe"). ``auto`` (the default) iterates in
+bfloat16 on GPUs and in float32 on CPUs, so a CPU run's numbers do not depend on which CPU
+it got. In bfloat16 the step equals ``torch.optim.Muon``'s bit for bit (tested).
 """
 
 import math
@@ -42,7 +35,7 @@ from lightning_modules.llama import TransformerBlock
 from lightning_modules.optimizers.settings import OptimizerSettings, check_betas, decay_groups, trainable
 
 ADJUST_LR = ("match_rms_adamw", "original")
-NS_DTYPES = ("bfloat16", "float32")
+NS_DTYPES = ("auto", "bfloat16", "float32")
 NS_COEFFICIENTS = (3.4445, -4.7750, 2.0315)  # Jordan et al.'s quintic iteration, as torch's
 
 
@@ -193,13 +186,20 @@ class MuonSettings(OptimizerSettings):
                 " shards: use strategy=fsdp2 or strategy=ddp."
             )
 
+    def iteration_dtype(self, matrices: list[nn.Parameter]) -> str:
+        """``ns_dtype`` with ``auto`` resolved: bfloat16 on GPUs, float32 on CPUs."""
+        if self.ns_dtype != "auto":
+            return self.ns_dtype
+        return "bfloat16" if matrices and all(p.device.type == "cuda" for p in matrices) else "float32"
+
     def build(self, model: nn.Module, fused: bool) -> MuonWithAdamW:
         hidden = hidden_matrices(model)
         muon_ids = {id(p) for p in hidden}
         rest = [p for p in trainable(model) if id(p) not in muon_ids]
         muon = Muon(
             [{"params": hidden, "name": "muon"}], lr=self.lr, weight_decay=self.weight_decay, momentum=self.momentum,
-            nesterov=self.nesterov, ns_steps=self.ns_steps, adjust_lr_fn=self.adjust_lr_fn, ns_dtype=self.ns_dtype,
+            nesterov=self.nesterov, ns_steps=self.ns_steps, adjust_lr_fn=self.adjust_lr_fn,
+            ns_dtype=self.iteration_dtype(hidden),
         )  # fmt: skip
         decayed, gains = decay_groups(rest, model, self.weight_decay)
         fused = fused and all(p.device.type == "cuda" for p in rest)
@@ -212,6 +212,7 @@ class MuonSettings(OptimizerSettings):
     def apply(self, optimizer: torch.optim.Optimizer) -> None:
         muon, decayed, gains = optimizer.param_groups
         muon.update(weight_decay=self.weight_decay, momentum=self.momentum, nesterov=self.nesterov,
-                    ns_steps=self.ns_steps, adjust_lr_fn=self.adjust_lr_fn, ns_dtype=self.ns_dtype)  # fmt: skip
+                    ns_steps=self.ns_steps, adjust_lr_fn=self.adjust_lr_fn,
+                    ns_dtype=self.iteration_dtype(muon["params"]))  # fmt: skip
         for group, decay in ((decayed, self.weight_decay), (gains, 0.0)):
             group.update(betas=tuple(self.betas), eps=self.eps, weight_decay=decay)
