@@ -39,6 +39,7 @@ TINY = [
     "batch.micro_batch_size=2",
     "batch.global_batch_size=8",
     "token_budget=100000",
+    "optimizer=adamw",
     "optimizer.lr=4e-3",
     "lr_schedule.warmup_steps=2",
     "trainer.log_every_n_steps=1",

@@ -33,7 +33,7 @@ def error_lines(stderr: str) -> list[str]:
         (["optimiser.lr=1"], "error: optimiser.lr is not a setting; did you mean optimizer.lr?"),
         (["+technique=adaptive_batch", "technique.adaptive_batch.max_batchsize=64"],
          "technique.adaptive_batch.max_batchsize is not a setting; did you mean technique.adaptive_batch.max_global_batch_size?"),
-        (["+experiment=nope"], "error: In 'train': Could not find 'experiment/nope'; available options in 'experiment': adaptive_bs,"),
+        (["+experiment=nope"], "error: In 'train': Could not find 'experiment/nope'; available options in 'experiment': adamw_recipe, adaptive_bs,"),
         (["optimizer=sgd"], "Could not find 'optimizer/sgd'; available options in 'optimizer': adamw, muon (`python"),
         (["init_from_hf=/no/such/folder"], "error: init_from_hf=/no/such/folder: /no/such/folder/config.json does not exist"),
         (["trainer.devices=2", "trainer.accelerator=cpu"], "need a distributed strategy: add strategy=ddp"),

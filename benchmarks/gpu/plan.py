@@ -18,7 +18,9 @@ class Plan:
     shapes of sequence-length warmup (every technique run then has the baseline's kernels).
     ``kernel_layout`` (micro-batch, checkpointing, compile) is where the kernels section
     compares kernels: the fastest TinyLlama layout of the first H100 run.
-    ``correctness_lr`` is TinyLlama's pretraining peak LR: the default recipe's 8e-3 (a
+    ``base`` names AdamW (TinyLlama's optimizer, and the one every recorded table ran), not
+    the CPU default recipe's Muon.
+    ``correctness_lr`` is TinyLlama's pretraining peak LR: the AdamW recipe's 8e-3 (a
     0.8M model's) makes a 300M model's loss jump about within 20 steps, where any
     difference in rounding grows into a large loss difference and the checks test chaos.
     ``float8`` holds what float8 needs here (nothing on an H100; torchao's emulation on CPU);
@@ -79,7 +81,7 @@ def gpu_plan() -> Plan:
     return Plan(
         name="gpu",
         device="cuda",
-        base=("trainer=gpu", "data.source.max_tokens=2000000"),
+        base=("trainer=gpu", "optimizer=adamw", "data.source.max_tokens=2000000"),
         model="tinyllama_1b",
         small_models=("micro_llama_300m", "diloco_35m"),
         seq_len=2048,
@@ -112,7 +114,7 @@ def quick_plan() -> Plan:
     return Plan(
         name="quick (CPU, fp32; model=tiny stands in for every model)",
         device="cpu",
-        base=("trainer.accelerator=cpu", "trainer.precision=32-true", "data.source.max_tokens=200000"),
+        base=("trainer.accelerator=cpu", "trainer.precision=32-true", "optimizer=adamw", "data.source.max_tokens=200000"),
         model="tiny",
         small_models=("tiny", "tiny"),
         seq_len=64,
