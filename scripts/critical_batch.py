@@ -97,8 +97,8 @@ def base_runs(folder: Path, seeds: list[int]) -> dict[int, tuple[BaseRun, object
 def write_branch_preset(path: Path, arms: dict[str, list[str]]) -> None:
     """The branches as a study preset: every arm continues a base checkpoint at one batch size."""
     preset = {
-        # No experiment, like conf/sweep/critical_batch.yaml: the base runs' model and data.
-        "defaults": [{"override /hydra/sweeper": "study"}, {"override /logger": "csv"}],
+        # The base runs' recipe, as in conf/sweep/critical_batch.yaml (their optimizer, model and data).
+        "defaults": [{"/experiment": "adamw_recipe"}, {"override /hydra/sweeper": "study"}, {"override /logger": "csv"}],
         "experiment_name": "study_critical_batch_branches",
         "batch": {"micro_batch_size": None},
         "lr_schedule": {"name": "constant", "warmup_steps": 20},

@@ -200,7 +200,7 @@ def test_a_muon_run_resumes_exactly_and_refuses_another_optimizer(one_process, t
         (["optimizer=muon", "optimizer.adjust_lr_fn=spectral"], "optimizer.adjust_lr_fn='spectral' is unknown"),
         (["optimizer=muon", "optimizer.momentum=1.5"], "optimizer.momentum=1.5 must lie in [0, 1)"),
         (["optimizer=muon", "optimizer.ns_dtype=float16"], "optimizer.ns_dtype='float16' is unknown"),
-        (["optimizer=muon", "strategy=fsdp", "trainer=gpu"], "optimizer=muon needs whole matrices"),
+        (["optimizer=muon", "strategy=fsdp", "trainer=gpu"], "optimizer=muon (the default) needs whole matrices"),
         (["optimizer.lr=-1"], "optimizer.lr=-1.0 must be > 0"),
     ],
 )

@@ -182,8 +182,8 @@ class MuonSettings(OptimizerSettings):
     def check(self, strategy: str) -> None:
         if strategy == "fsdp":
             raise ConfigError(
-                "optimizer=muon needs whole matrices, but strategy=fsdp (FSDP1) flattens parameters into 1-D"
-                " shards: use strategy=fsdp2 or strategy=ddp."
+                "optimizer=muon (the default) needs whole matrices, but strategy=fsdp (FSDP1) flattens parameters"
+                " into 1-D shards: use strategy=fsdp2 or strategy=ddp, or optimizer=adamw."
             )
 
     def iteration_dtype(self, matrices: list[nn.Parameter]) -> str:
