@@ -337,6 +337,8 @@ class StudyReport:
     verdicts: list[Verdict] = field(default_factory=list)
     #: A tuned study's searches by (arm, what the study was crossed with), as its runs show them.
     tunings: dict[tuple[str, str], Tuning] = field(default_factory=dict)
+    #: Sweep jobs left out because they have not finished (interrupted, or still training).
+    unfinished: list[Run] = field(default_factory=list)
 
     @property
     def judged_groups(self) -> list[Group]:
@@ -354,6 +356,10 @@ class StudyReport:
         parts.append(f"## {title} (mean ± std over seeds)\n\n{judged}")
         if self.verdicts:
             parts.append(f"## Claims\n\n{verdict_table(self.verdicts)}")
+        if self.unfinished:
+            jobs = ", ".join(run.path.name for run in self.unfinished)
+            parts.append(f"Left out: {len(self.unfinished)} sweep job(s) that have not finished (interrupted or"
+                         f" still training): {jobs}.")  # fmt: skip
         return "\n\n".join(parts)
 
 
@@ -415,8 +421,16 @@ def claim_spreads(claim: Claim, groups: list[Group]) -> dict[str, dict[str, Spre
 
 
 def study_report(paths: list[str | Path]) -> StudyReport:
-    """The report on every run under ``paths`` (run or sweep folders), for notebooks and scripts."""
-    return build_report(find_runs(list(paths)))
+    """The report on every run under ``paths`` (run or sweep folders), for notebooks and scripts.
+
+    Where any run is a finished sweep job, only finished jobs count: an interrupted or running
+    job's last logged loss would enter its group's mean, and a claim, as if it were final.
+    Single runs (no sweep) leave no marker, so a set without any is taken whole."""
+    runs = find_runs(list(paths))
+    unfinished = [run for run in runs if not run.finished] if any(run.finished for run in runs) else []
+    report = build_report([run for run in runs if run not in unfinished])
+    report.unfinished = unfinished
+    return report
 
 
 def write_report(report: StudyReport, out: Path) -> list[str]:

@@ -8,9 +8,10 @@ need `logger=csv` or `'logger=[wandb,csv]'`). Runs that differ only in `seed` fo
 (a study's arm); the printed table gives each group's mean ± standard deviation over seeds
 of the final validation loss, optimizer steps, tokens and training wall time, and a study
 preset's claims get a verdict each: holds, fails, or inconclusive (the effect is within the
-seed spread). The output folder gets `report.md` (these tables and one row per run) and
-PNGs: each group's mean curve with a min-max band against tokens, optimizer steps and wall
-time. No W&B account or network is needed.
+seed spread). In a sweep folder only finished jobs count: one interrupted or still training
+is left out, and the report names it. The output folder gets `report.md` (these tables and
+one row per run) and PNGs: each group's mean curve with a min-max band against tokens,
+optimizer steps and wall time. No W&B account or network is needed.
 """
 
 import argparse

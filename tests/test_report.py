@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 import yaml
 
-from analysis.report import PLOTS, band, build_report, pareto_front, write_report
-from analysis.runs import find_runs, load_run
+from analysis.report import PLOTS, band, build_report, pareto_front, study_report, write_report
+from analysis.runs import FINISHED, find_runs, load_run
 from analysis.study import StudySpec
 from common.errors import ConfigError
 from tests.run_helpers import REPO, TINY, run_train
@@ -100,6 +100,23 @@ def test_a_metric_no_run_logged_is_skipped_and_jobs_sort_numerically(tmp_path: P
     missing = [plot for plot in PLOTS if plot.key != "val/loss" or plot.x == "time/train_seconds"]
     assert [message.split(" against ")[0] for message in skipped] == [plot.key for plot in missing]
     assert set(table_rows((tmp_path / "out" / "report.md").read_text())) == {"job=2", "job=10"}
+
+
+def test_a_sweep_job_that_has_not_finished_is_left_out_and_named(tmp_path: Path) -> None:
+    """Jobs 0 and 1 finished (their ``finished.yaml``); job 2 was interrupted at a high loss:
+    its group would read 6.0 if it counted. A folder of single runs (no marker) is read whole."""
+    header = "step,train/tokens_seen,val/loss"
+    for job, loss in ((0, 2.0), (1, 3.0), (2, 6.0)):
+        write_run(tmp_path / "sweep" / str(job), header, [f"1,100,{loss}"], ["arm=a", f"seed={job}"])
+    for job in (0, 1):
+        (tmp_path / "sweep" / str(job) / FINISHED).write_text("overrides: []\n")
+    report = study_report([tmp_path / "sweep"])
+    assert [run.path.name for run in report.unfinished] == ["2"]
+    assert [[run.final("val/loss") for run in group.runs] for group in report.groups] == [[2.0, 3.0]]
+    assert "Left out: 1 sweep job(s) that have not finished (interrupted or still training): 2." in report.markdown()
+    (tmp_path / "sweep" / "0" / FINISHED).unlink()
+    (tmp_path / "sweep" / "1" / FINISHED).unlink()
+    assert len(study_report([tmp_path / "sweep"]).groups[0].runs) == 3
 
 
 def test_the_rows_a_resumed_run_logged_again_are_replaced_by_the_new_ones(tmp_path: Path) -> None:
