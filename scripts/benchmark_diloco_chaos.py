@@ -23,7 +23,7 @@ from benchmarks.torchft_groups import ENV, REPO, row_log, rows, run_chaos
 
 SYNC_EVERY = 4
 TINY = ["model.n_layers=2", "model.d_model=32", "model.n_heads=4", "model.n_kv_heads=2", "model.mlp_hidden=64", "data.seq_len=32",
-        "data.source.max_documents=600", "data.val_max_rows=16", "optimizer.lr=4e-3", "lr_schedule.warmup_steps=2",
+        "data.source.max_documents=600", "data.val_max_rows=16", "optimizer=adamw", "optimizer.lr=4e-3", "lr_schedule.warmup_steps=2",
         "trainer.log_every_n_steps=1", "trainer.num_sanity_val_steps=0"]  # fmt: skip
 
 

@@ -81,9 +81,13 @@ def test_a_straggler_is_left_out_of_rounds_and_healed_without_costing_the_others
 def test_a_chaos_run_of_repeated_kills_ends_synced_on_the_right_rows(tmp_path, tmp_path_factory, reference) -> None:
     """Six kills (SIGKILL) of a random group, each restarted at once, alternately from its last
     checkpoint and without one: every group ends (exit 0) on the same weights, every step a
-    group trained read its slice of that step, and the steps not trained are counted."""
+    group trained read its slice of that step, and the steps not trained are counted.
+
+    It takes about a minute; the limit leaves room for one restarted group whose first quorum
+    flaps until torchft's quorum timeout (120 s): seen once in a loaded CI run (2026-11-27),
+    after which the group rejoined and trained on."""
     result = run_chaos(tmp_path / "chaos", tmp_path_factory.getbasetemp() / "cache", [*THREE_GROUPS, *BUDGET], reference,
-                       groups=3, kills=6, sync_every=SYNC_EVERY, pace_s=0.15, seed=0, timeout_s=170)  # fmt: skip
+                       groups=3, kills=6, sync_every=SYNC_EVERY, pace_s=0.15, seed=0, timeout_s=320)  # fmt: skip
     print(result)
     assert result.exit_codes == [0, 0, 0], result
     assert result.kills == 6 and result.restarts_from_checkpoint >= 1, result
