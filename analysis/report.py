@@ -427,9 +427,9 @@ def study_report(paths: list[str | Path]) -> StudyReport:
     job's last logged loss would enter its group's mean, and a claim, as if it were final.
     Single runs (no sweep) leave no marker, so a set without any is taken whole."""
     runs = find_runs(list(paths))
-    unfinished = [run for run in runs if not run.finished] if any(run.finished for run in runs) else []
-    report = build_report([run for run in runs if run not in unfinished])
-    report.unfinished = unfinished
+    sweep = any(run.finished for run in runs)
+    report = build_report([run for run in runs if run.finished or not sweep])
+    report.unfinished = [run for run in runs if sweep and not run.finished]
     return report
 
 

@@ -2,9 +2,10 @@
 
 Both sides build the model the same way (meta device, the configured layout: kernels,
 checkpointing, compile), draw the same micro-batches from the data module, and run the
-configured optimizer with the same parameter groups, accumulation, clipping and LR schedule, without a host
-sync per step. The framework's rate is its Throughput callback's over the timed steps;
-the plain loop times the same steps with ``time.perf_counter`` after a device sync.
+configured optimizer with the same parameter groups, accumulation, clipping and LR
+schedule, without a host sync per step. The framework's rate is its Throughput callback's
+over the timed steps; the plain loop times the same steps with ``time.perf_counter`` after
+a device sync.
 """
 
 import time

@@ -21,6 +21,14 @@ with AVX-512 bf16; on CPUs without it a bfloat16 matrix product is tens of times
 a float32 one (docs/results.md, "The default recipe"). ``auto`` (the default) iterates in
 bfloat16 on GPUs and in float32 on CPUs, so a CPU run's numbers do not depend on which CPU
 it got. In bfloat16 the step equals ``torch.optim.Muon``'s bit for bit (tested).
+
+Sharding: under DDP every rank steps whole matrices on the all-reduced gradient. Under
+FSDP2 each rank holds a row shard of every matrix as a DTensor; the Newton-Schulz iteration
+(matrix products and a norm over the whole matrix) runs on those DTensors, and DTensor
+gathers the shards the products need, so every rank computes the update of the whole
+matrix and keeps its own rows (tested: 2 ranks take the same steps as one process). This
+costs an all-gather of each matrix's update per step, like a forward pass's weights. FSDP1
+flattens parameters into 1-D shards, so Muon cannot see matrices there: refused.
 """
 
 import math
