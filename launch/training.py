@@ -93,10 +93,12 @@ def train(cfg: DictConfig, settings: RunSettings) -> RunResult:
     finally:
         close_loggers(loggers)
     metrics = {key: float(value) for key, value in trainer.callback_metrics.items()}
+    finished = not (stopped or trainer.interrupted)
     clock = module.training_state.clock
     if trainer.is_global_zero and "val/loss" in metrics:
         log.info(
-            "finished at step %d after %s tokens: val/loss %.4f (nats per token); outputs in %s",
-            clock.steps, f"{clock.tokens:,}", metrics["val/loss"], trainer.default_root_dir,
+            "%s at step %d after %s tokens: val/loss %.4f (nats per token); outputs in %s",
+            "finished" if finished else "stopped", clock.steps, f"{clock.tokens:,}", metrics["val/loss"],
+            trainer.default_root_dir,
         )  # fmt: skip
-    return RunResult(metrics, finished=not (stopped or trainer.interrupted))
+    return RunResult(metrics, finished=finished)

@@ -182,6 +182,7 @@ def test_sigterm_during_a_sweep_job_ends_the_sweep_and_the_same_command_resumes(
     output, _ = process.communicate(timeout=120)
     assert process.returncode == 0, output[-3000:]
     assert "stopped job 0 before its end (SIGTERM or Ctrl-C): the sweep ends here" in output
+    assert "finished at step" not in output  # its last line says "stopped at step", if any
     assert not (folder / "0" / "finished.yaml").exists() and not (folder / "1").exists()
     resumed = sweep(folder, cache)
     assert resumed.returncode == 0 and (folder / "3" / "finished.yaml").exists()
