@@ -80,6 +80,11 @@ def run_train(overrides: list[str], run_dir: Path, cache_dir: Path, timeout: int
     )
 
 
+def run_sweep(study: list[str], folder: Path, cache_dir: Path, *extra: str) -> subprocess.CompletedProcess:
+    """One `train.py -m` of a study preset into ``folder`` (the command a worker runs)."""
+    return run_train([*study, f"hydra.sweep.dir={folder}", *extra], folder.parent / "unused", cache_dir)
+
+
 def checkpoint_weights(path: Path) -> dict[str, torch.Tensor]:
     """Model weights of a single-file Lightning checkpoint."""
     state = torch.load(path, map_location="cpu", weights_only=False)["state_dict"]

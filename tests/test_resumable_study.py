@@ -9,6 +9,7 @@ import socket
 import subprocess
 import sys
 import time
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -17,7 +18,7 @@ import yaml
 from analysis.report import study_report
 from analysis.runs import load_run
 from launch.sweep_jobs import LOCK, SweepJob
-from tests.run_helpers import REPO, TINY, run_train
+from tests.run_helpers import REPO, TINY, run_sweep, run_train
 
 # The arms set optimizer.lr, and the command line would win over them: TINY's own LR is left out.
 ARMS_SET = [o for o in TINY if not o.startswith("optimizer.lr=")]
@@ -26,8 +27,7 @@ STUDY = ["hydra.mode=MULTIRUN", f"hydra.searchpath=[file://{REPO / 'tests' / 'co
          "callbacks.validation_schedule.every_n_steps=3", "callbacks.progress_bar.line_interval_s=0.01"]  # fmt: skip
 
 
-def sweep(folder: Path, cache: Path, *extra: str) -> subprocess.CompletedProcess:
-    return run_train([*STUDY, f"hydra.sweep.dir={folder}", *extra], folder.parent / "unused", cache)
+sweep = partial(run_sweep, STUDY)
 
 
 def finished(job: Path) -> dict:

@@ -4,6 +4,7 @@ searched key that does not exist is one line before any job starts."""
 
 import shutil
 import subprocess
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -11,15 +12,14 @@ import yaml
 
 from analysis.report import study_report
 from analysis.runs import load_run
-from tests.run_helpers import REPO, TINY, run_train
+from tests.run_helpers import REPO, TINY, run_sweep, run_train
 
 SETTINGS = [o for o in TINY if not o.startswith(("optimizer.lr=", "token_budget="))]
 STUDY = ["hydra.mode=MULTIRUN", f"hydra.searchpath=[file://{REPO / 'tests' / 'configs'}]", "+sweep=tiny_tuned",
          *SETTINGS, "token_budget=1536", "callbacks.model_checkpoint.every_n_train_steps=2"]  # fmt: skip
 
 
-def sweep(folder: Path, cache: Path, *extra: str) -> subprocess.CompletedProcess:
-    return run_train([*STUDY, f"hydra.sweep.dir={folder}", *extra], folder.parent / "unused", cache)
+sweep = partial(run_sweep, STUDY)
 
 
 def val_loss(job: Path) -> float:
