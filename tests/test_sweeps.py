@@ -89,6 +89,9 @@ def test_every_job_of_the_preset_composes_and_passes_the_config_checks(preset: s
         cfg = compose_train([f"+sweep={preset}", *job])
         assert_applied(cfg, job)
         check_config(cfg)
+        # A recipe's note ("expect a higher val/loss ...") is about its own run: a job prints
+        # one only when its arm names an experiment.
+        assert cfg.get("experiment_note") is None or any(o.startswith("+experiment=") for o in job), job
 
 
 def test_presets_cover_the_research_questions() -> None:
