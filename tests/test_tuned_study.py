@@ -140,7 +140,7 @@ def record(folder: Path, overrides: list[str], finished: bool) -> None:
 
 
 def test_job_folders_reuse_the_folder_of_the_same_overrides_and_number_new_jobs_after_all(tmp_path: Path) -> None:
-    from hydra_plugins.study_sweeper.study_sweeper import job_folders
+    from launch.job_folders import job_folders
 
     record(tmp_path / "0", ["a=1"], finished=True)
     record(tmp_path / "1", ["a=2"], finished=False)  # started, not finished: resumed in place

@@ -20,24 +20,22 @@ points on the tuning seeds (``++study.phase=tune``), then each tuned arm's winne
 judging seeds (``++study.phase=judge``, with more seeds in rounds where the preset asks for
 them), then a ladder's held-out size (``++study.phase=held_out``), whose loss prediction is
 written to ``ladder_prediction.yaml`` (``analysis/ladder.py``) before it trains. This sweeper
-is the loop around the plan: it launches a round as one batch, records each job's final
-metrics from its ``finished.yaml`` and asks for the next. So the same command replays the
-finished rounds (their jobs are skipped) and continues where it stopped, and a second worker
-started with it runs the same rounds: a job that the other worker holds is waited for at the
-end of the round (and run here if that worker died). A tuned study's job runs in the folder
-given to its overrides before, else in the next unused number (``job_folders``, kept in
-``job_folders.yaml``): a study that gains an arm keeps every job where it is, started or only
-planned. A plain study's jobs are numbered by position, and a folder that holds a finished
+composes the plan and launches its jobs; the loop that asks the plan for open jobs, runs
+those no other worker holds and records their final metrics is ``launch/study_worker.py``.
+So the same command replays the finished rounds (their jobs are skipped) and continues where
+it stopped, and a second worker started with it shares the rounds. A tuned study's job runs
+in the folder given to its overrides before, else in the next unused number
+(``launch/job_folders.py``): a study that gains an arm keeps every job where it is, started
+or only planned. A plain study's jobs are numbered by position, and a folder that holds a finished
 run of other overrides stops the sweep before any job starts.
 """
 
 import fcntl
 import logging
-import time
+from functools import partial
 from pathlib import Path
 from typing import Any
 
-import yaml
 from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import Override
@@ -48,11 +46,11 @@ from analysis.runs import recorded_overrides
 from analysis.study import StudySpec
 from analysis.study_plan import StudyPlan, TunedJob
 from common.errors import ConfigError
-from launch.sweep_jobs import LOCK, MARKER, lock_is_live
+from launch.job_folders import REGISTRY
+from launch.study_worker import run_rounds
+from launch.sweep_jobs import MARKER
 
 log = logging.getLogger(__name__)
-#: Seconds between two looks at a job another worker is training.
-POLL_S = 5.0
 
 
 def _key(override: str) -> str:
@@ -67,39 +65,6 @@ def _chosen_arms(spec: StudySpec, base: list[str]) -> tuple[list[str], list[str]
         if arm not in spec.arms:
             raise ConfigError(f"study.arm={arm} is not an arm of this study; its arms: {', '.join(spec.arms)}")
     return chosen or list(spec.arms), [o for o in base if _key(o) != "study.arm"]
-
-
-REGISTRY = "job_folders.yaml"
-
-
-def job_folders(sweep_dir: Path, batch: list[list[str]]) -> list[int]:
-    """Each job's folder number: the one given to the same overrides before, else the next
-    number no folder or earlier job has.
-
-    The numbers given are kept in ``job_folders.yaml`` in the sweep folder, read and
-    extended under a file lock, so workers planning at different moments (or with a preset
-    that gained an arm since) agree on jobs no worker has started yet. Folders of runs
-    started before the registry existed are found by their recorded overrides.
-    """
-    sweep_dir.mkdir(parents=True, exist_ok=True)
-    with open(sweep_dir / f"{REGISTRY}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        registry = sweep_dir / REGISTRY
-        given = {tuple(entry["overrides"]): int(entry["folder"]) for entry in (yaml.safe_load(registry.read_text()) or [])} if registry.is_file() else {}
-        numbered = [int(folder.name) for folder in sweep_dir.iterdir() if folder.name.isdigit()]
-        for number in sorted(numbered):
-            overrides = recorded_overrides(sweep_dir / str(number))
-            if overrides is not None:
-                given.setdefault(tuple(overrides), number)
-        next_free = max([*numbered, *given.values()], default=-1) + 1
-        numbers = []
-        for overrides in batch:
-            if tuple(overrides) not in given:
-                given[tuple(overrides)], next_free = next_free, next_free + 1
-            numbers.append(given[tuple(overrides)])
-        entries = [{"folder": number, "overrides": list(overrides)} for overrides, number in sorted(given.items(), key=lambda item: item[1])]
-        registry.write_text(yaml.safe_dump(entries, sort_keys=False))
-    return numbers
 
 
 def refuse_other_runs(sweep_dir: Path, jobs: list[list[str]]) -> None:
@@ -167,19 +132,14 @@ class StudySweeper(BasicSweeper):
         self._check_seed_cap(spec, sweep_dir)
         sweep_dir.mkdir(parents=True, exist_ok=True)
         OmegaConf.save(self.config, sweep_dir / "multirun.yaml")
-        returns = []
-        while jobs := study.next_round():
-            if jobs[0].point is None:
-                self._predict_held_out(study, jobs, sweep_dir)
-            batch = [study.overrides(job) for job in jobs]
-            self.validate_batch_is_legal(batch)
-            numbers = job_folders(sweep_dir, batch)
-            log.info("tuned study: %d %s jobs (folders %s)", len(batch), jobs[0].phase, ", ".join(map(str, numbers)))
-            results = [self.launcher.launch([overrides], initial_job_idx=number)[0] for overrides, number in zip(batch, numbers)]
-            for job, overrides, number, result in zip(jobs, batch, numbers, results):
-                study.record(job, self._metrics(result, overrides, number))
-            returns.append(results)
-        return returns
+        return run_rounds(study, sweep_dir, self._launch, partial(self._predict_held_out, study, sweep_dir))
+
+    def _launch(self, overrides: list[str], number: int) -> JobReturn:
+        """Run one job in folder ``number`` (it passes itself by if another worker holds it)."""
+        self.validate_batch_is_legal([overrides])
+        result = self.launcher.launch([overrides], initial_job_idx=number)[0]
+        _ = result.return_value  # re-raises a job's failure
+        return result
 
     def _base_jobs(self, arguments: list[str]) -> list[list[str]]:
         """The command line's jobs (and ``hydra.sweeper.params``'s): each is tuned on its own."""
@@ -222,9 +182,11 @@ class StudySweeper(BasicSweeper):
                               f" least {MIN_SIZES}: add sizes to model=..., or drop study.held_out.")  # fmt: skip
         return models.index(spec.held_out)
 
-    def _predict_held_out(self, study: StudyPlan, jobs: list[TunedJob], sweep_dir: Path) -> None:
-        """Write the held-out size's loss prediction from the judged sizes before it trains
-        (kept if a worker wrote it already: the held-out runs may have started since)."""
+    def _predict_held_out(self, study: StudyPlan, sweep_dir: Path, jobs: list[TunedJob]) -> None:
+        """Before the held-out size's jobs (those without a point), write its loss prediction
+        from the judged sizes (kept if a worker wrote it already: its runs may have started since)."""
+        if jobs[0].point is not None:
+            return
         from analysis.ladder import PREDICTION, write_prediction
 
         with open(sweep_dir / f"{REGISTRY}.lock", "w") as lock:  # two workers arrive together: one writes
@@ -238,21 +200,6 @@ class StudySweeper(BasicSweeper):
             log.info("held-out %s at %s: predicted %.4f (fit [%.4f, %.4f], prediction interval [%.4f, %.4f]) from %s on %s; runs with %s",
                      p.method, p.model, p.predicted, p.low, p.high, p.interval_low, p.interval_high, p.form, ", ".join(p.fitted_on),
                      " ".join(p.settings))  # fmt: skip
-
-    def _metrics(self, result: JobReturn, overrides: list[str], number: int) -> dict[str, float]:
-        """The job's final metrics from its ``finished.yaml``; a job another worker holds is
-        waited for, and run here if that worker is gone."""
-        _ = result.return_value  # re-raises a job's failure
-        folder = Path(result.hydra_cfg.hydra.runtime.output_dir)
-        while not (folder / MARKER).exists():
-            if not lock_is_live(folder / LOCK):
-                result = self.launcher.launch([overrides], initial_job_idx=number)[0]
-                _ = result.return_value
-                if not (folder / MARKER).exists():
-                    raise RuntimeError(f"job {number} ended without {MARKER} in {folder}: it did not reach its budget")
-                break
-            time.sleep(POLL_S)
-        return dict((yaml.safe_load((folder / MARKER).read_text()) or {}).get("metrics", {}))
 
     def _check_arms(self, spec: StudySpec) -> None:
         """Parse every arm's overrides now, so a typo fails before the first job runs."""
