@@ -17,11 +17,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from analysis.study_plan import StudyPlan, TunedJob
 from launch.job_folders import job_folders
-from launch.sweep_jobs import LOCK, MARKER, lock_is_live
+from launch.sweep_jobs import LOCK, MARKER, SweepJob, lock_is_live
 
 log = logging.getLogger(__name__)
 #: Seconds between two looks at jobs other workers are training.
@@ -56,20 +54,12 @@ def run_rounds(
                  f"; {held} more held by another worker" if held else "")  # fmt: skip
         for i in free:
             launched.append(launch(batch[i], numbers[i]))
-            metrics = finished_metrics(folders[i])
+            metrics = SweepJob(folders[i], numbers[i], batch[i]).finished_metrics()
             if metrics is not None:
                 plan.record(jobs[i], metrics)
             elif not lock_is_live(folders[i] / LOCK):  # neither finished nor another worker's
                 raise RuntimeError(f"job {numbers[i]} ended without {MARKER} in {folders[i]}: it did not reach its budget")
     return launched
-
-
-def finished_metrics(folder: Path) -> dict[str, float] | None:
-    """A job's final metrics from its ``finished.yaml``; None while it has not finished."""
-    marker = folder / MARKER
-    if not marker.is_file():
-        return None
-    return dict((yaml.safe_load(marker.read_text()) or {}).get("metrics", {}))
 
 
 def wait_for_any(folders: list[Path]) -> None:

@@ -27,14 +27,14 @@ SPEC = {"searcher": "gp", "budget": 4, "round_size": 2, "tuning_seeds": [1], "se
 # unfinished: a loop that waited for it then trains the job itself and fails the test.
 OTHER_WORKER = """
 import pathlib, sys, time, yaml
-folder, go = pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2])
+folder, go, overrides = pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2]), sys.argv[3:]
 deadline = time.time() + 20
 while not go.exists():
     if time.time() > deadline:
         (folder / "running.lock").unlink()
         sys.exit(1)
     time.sleep(0.01)
-(folder / "finished.yaml").write_text(yaml.safe_dump({"overrides": [], "metrics": {"val/loss": 9.0}}))
+(folder / "finished.yaml").write_text(yaml.safe_dump({"overrides": overrides, "metrics": {"val/loss": 9.0}}))
 (folder / "running.lock").unlink()
 time.sleep(600)
 """
@@ -59,7 +59,7 @@ def test_a_worker_goes_on_with_other_searches_and_records_what_the_other_worker_
     held = tmp_path / str(numbers[3])
     held.mkdir()
     go = tmp_path / "go"
-    other = subprocess.Popen([sys.executable, "-c", OTHER_WORKER, str(held), str(go)])
+    other = subprocess.Popen([sys.executable, "-c", OTHER_WORKER, str(held), str(go), *plan.overrides(first[3])])
     (held / LOCK).write_text(f"{socket.gethostname()} {other.pid}")
     trained: list[tuple[str, str]] = []
 
