@@ -183,9 +183,10 @@ class StudySweeper(BasicSweeper):
         return models.index(spec.held_out)
 
     def _predict_held_out(self, study: StudyPlan, sweep_dir: Path, jobs: list[TunedJob]) -> None:
-        """Before the held-out size's jobs (those without a point), write its loss prediction
-        from the judged sizes (kept if a worker wrote it already: its runs may have started since)."""
-        if jobs[0].point is not None:
+        """Before the held-out size's jobs (its base job is in no other round: it is neither
+        searched nor judged), write its loss prediction from the judged sizes (kept if a worker
+        wrote it already: its runs may have started since)."""
+        if study.held_out is None or jobs[0].base != study.held_out:
             return
         from analysis.ladder import PREDICTION, write_prediction
 
