@@ -7,6 +7,7 @@ of each dimension and the anchors that beat it, so the report and the sweeper ca
 disagree on them.
 """
 
+import math
 import textwrap
 from pathlib import Path
 
@@ -94,35 +95,27 @@ def _tuned(tuning: Tuning) -> str:
     return "no: not bracketed"
 
 
+#: The figures show losses up to this far above the winner's (diverged runs would flatten the rest).
+SHOWN_ABOVE_WINNER = 0.3
+
+
 def tuning_figures(found: dict[tuple[str, str], Tuning], out: Path, select: str = "val/loss") -> list[Path]:
-    """One PNG per searched setting: each arm's loss along that setting with its other settings
-    at the winner's (the line the bracketing rule looks at), the winner starred."""
+    """One PNG per searched setting: every point each arm ran (dots) against its value of that
+    setting, the best run at each value (the line: the loss with every other setting at its
+    best, which is what a joint search's bracketing means), the winner starred."""
     keys = list(dict.fromkeys(d.key for t in found.values() for d in t.space.dimensions))
     written = []
     for key in keys:
         figure, axis = plt.subplots(figsize=(7, 4.5))
-        drawn_any = False
-        for (name, crossing), tuning in found.items():
-            arm = f"{name} {crossing}".strip()
-            axes = [i for i, d in enumerate(tuning.space.dimensions) if d.key == key]
-            if not axes or tuning.winner not in tuning.results:
-                continue
-            index, dimension = axes[0], tuning.space.dimensions[axes[0]]
-            points = sorted(_on_line(tuning, index), key=lambda p: p[index])
-            categorical, drawn_any = isinstance(dimension, Choice), True
-            xs = [p[index] if categorical else dimension.value(p[index]) for p in points]
-            (drawn,) = axis.plot(xs, [tuning.results[p] for p in points], marker="o", label=f"{arm} ({tuning.statuses[key]})")
-            best = tuning.winner[index] if categorical else dimension.value(tuning.winner[index])
-            axis.plot([best], [tuning.results[tuning.winner]], marker="*", markersize=16, color=drawn.get_color())
-            if categorical:
-                axis.set_xticks(list(dimension.first_grid), [textwrap.fill(dimension.label(i), 18) for i in dimension.first_grid], fontsize="small")
-            elif isinstance(dimension, Range) and dimension.scale == "log":
-                axis.set_xscale("log")
-        if not drawn_any:
+        spans = [draw_setting(axis, f"{name} {crossing}".strip(), tuning, key) for (name, crossing), tuning in found.items()]
+        spans = [span for span in spans if span is not None]
+        if not spans:
             plt.close(figure)
             continue
+        axis.set_ylim(min(low for low, _ in spans), max(high for _, high in spans))
         axis.set(xlabel=key, ylabel=f"final {select} (mean over tuning seeds)",
-                 title=textwrap.fill(f"{key}: each arm at its winner's other settings (star: winner)", 70))  # fmt: skip
+                 title=textwrap.fill(f"{key}: every point run (dots), the best at each value (line), the winner (star);"
+                                     f" losses over {SHOWN_ABOVE_WINNER} above the winner's off the axis", 70))  # fmt: skip
         axis.legend(fontsize="small")
         path = out / f"tuning_{key.replace('.', '_')}.png"
         figure.savefig(path, dpi=120, bbox_inches="tight")
@@ -131,7 +124,31 @@ def tuning_figures(found: dict[tuple[str, str], Tuning], out: Path, select: str 
     return written
 
 
-def _on_line(tuning: Tuning, index: int) -> list[tuple[int, ...]]:
-    """Every point run that differs from the winner only along ``index`` (the winner too)."""
-    winner = tuning.winner
-    return [p for p in tuning.results if all(a == b for i, (a, b) in enumerate(zip(p, winner)) if i != index)]
+def draw_setting(axis: plt.Axes, arm: str, tuning: Tuning, key: str) -> tuple[float, float] | None:
+    """Draw one arm's points along ``key``; returns the range of losses worth showing (None
+    when the arm does not search ``key``, has no winner yet or no finite loss)."""
+    axes = [i for i, d in enumerate(tuning.space.dimensions) if d.key == key]
+    if not axes or tuning.winner not in tuning.results:
+        return None
+    index, dimension = axes[0], tuning.space.dimensions[axes[0]]
+    categorical = isinstance(dimension, Choice)
+
+    def x(grid_index: int) -> float:
+        return grid_index if categorical else dimension.value(grid_index)
+
+    finite = {p: loss for p, loss in tuning.results.items() if math.isfinite(loss)}
+    if not finite:  # every run diverged: nothing to draw
+        return None
+    best_at: dict[int, float] = {}
+    for point, loss in finite.items():
+        best_at[point[index]] = min(loss, best_at.get(point[index], math.inf))
+    values = sorted(best_at)
+    (line,) = axis.plot([x(v) for v in values], [best_at[v] for v in values], label=f"{arm} ({tuning.statuses[key]})")
+    axis.plot([x(p[index]) for p in finite], list(finite.values()), "o", color=line.get_color(), alpha=0.35, markersize=4)
+    winner_loss = tuning.results[tuning.winner]
+    axis.plot([x(tuning.winner[index])], [winner_loss], marker="*", markersize=16, color=line.get_color())
+    if categorical:
+        axis.set_xticks(list(dimension.first_grid), [textwrap.fill(dimension.label(i).replace(",", ", "), 18) for i in dimension.first_grid], fontsize="small")
+    elif isinstance(dimension, Range) and dimension.scale == "log":
+        axis.set_xscale("log")
+    return winner_loss - 0.01, min(max(finite.values()), winner_loss + SHOWN_ABOVE_WINNER) + 0.01

@@ -174,3 +174,28 @@ def test_a_claim_on_an_untuned_arm_is_not_tuned_and_one_without_runs_is_not_run(
     assert judge_claim(spec.claims[0], groups).verdict == "holds"
     assert judge_claim(spec.claims[0], groups, frozenset({"diloco"})).verdict == NOT_TUNED
     assert judge_claim(spec.claims[0], {"dp": groups["dp"]}).verdict == NOT_RUN
+
+
+def test_the_tuning_figure_draws_every_point_and_the_best_at_each_value_of_the_setting() -> None:
+    """The figure's line is, at each value of the setting, the lowest loss over every other
+    setting (found here by brute force over the results); its dots are every finite point."""
+    import matplotlib.pyplot as plt
+
+    from analysis.tuning_report import draw_setting
+
+    space = SearchSpace(tuple(parse_search({"optimizer.lr": {"low": 1e-3, "high": 4e-3, "scale": "log", "step": 2},
+                                            "technique.diloco.sync_every": [3, 10, 30]}, "study.search").values()))  # fmt: skip
+    rng = np.random.default_rng(0)
+    grid = list(itertools.product(range(3), range(3)))
+    results = {point: float(rng.uniform(1.5, 2.0)) for point in grid}
+    results[(2, 2)] = math.nan  # a diverged run: neither a dot nor the line's
+    tuning = Tuning(Search(space, "coordinate"), results)
+    figure, axis = plt.subplots()
+    low, high = draw_setting(axis, "m1", tuning, "optimizer.lr")
+    line, dots, star = axis.lines
+    expected = {lr: min(v for p, v in results.items() if p[0] == i and math.isfinite(v)) for i, lr in enumerate((1e-3, 2e-3, 4e-3))}
+    assert np.allclose(line.get_xydata(), sorted(expected.items()))
+    assert len(dots.get_xdata()) == len(grid) - 1
+    best = results[tuning.winner]
+    assert star.get_ydata()[0] == best and math.isclose(low, best - 0.01) and high <= best + 0.31
+    plt.close(figure)
