@@ -21,14 +21,18 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from lm_eval.utils import handle_non_serializable
 
-from evaluation.checkpoint import EvaluationCheckpoint, load_checkpoint_for_evaluation
-from evaluation.corpus_cloze import DEFAULT_K, TASK_NAME, build_corpus_cloze_task
-from evaluation.harness import MetricRow, TaskSpec, known_task_names, metric_rows, run_tasks
-from evaluation.lm_adapter import DEFAULT_BATCH_SIZE, LlamaLM
-from launch.cli import exit_code
 from common.errors import ConfigError
+from common.extras import needs_extra
+from launch.cli import exit_code
+
+with needs_extra("scripts/evaluate.py"):
+    from lm_eval.utils import handle_non_serializable
+
+    from evaluation.checkpoint import EvaluationCheckpoint, load_checkpoint_for_evaluation
+    from evaluation.corpus_cloze import DEFAULT_K, TASK_NAME, build_corpus_cloze_task
+    from evaluation.harness import MetricRow, TaskSpec, known_task_names, metric_rows, run_tasks
+    from evaluation.lm_adapter import DEFAULT_BATCH_SIZE, LlamaLM
 
 LOCAL_TASKS = (TASK_NAME,)
 

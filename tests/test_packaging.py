@@ -6,6 +6,8 @@ folder without ``__init__.py``). No module changes ``sys.path`` to find the othe
 """
 
 import ast
+import subprocess
+import sys
 import tomllib
 from fnmatch import fnmatch
 
@@ -62,3 +64,32 @@ def test_no_module_edits_sys_path():
     sources = [*ENTRY_POINTS, *REPO.glob("tests/*.py"), *(p for package in FIRST_PARTY for p in (REPO / package).rglob("*.py"))]
     offenders = [path for path in sources if "sys.path.insert" in path.read_text() and path.name != "test_packaging.py"]
     assert not offenders, offenders
+
+
+SEARCH_ROUNDS = """
+from analysis.model_search import replay
+from analysis.search_space import Range, SearchSpace
+space = SearchSpace((Range("optimizer.lr", 1e-3, 4e-3), Range("technique.diloco.sync_every", 10, 90, step=3)))
+results = {}
+for _ in range(3):  # the first round is random; the next two are the Gaussian process's
+    pending = replay(space, "gp", 0, 12, 4, (), results).pending
+    results.update({point: 2.0 + 0.01 * sum(i * i for i in point) for point in pending})
+print(len(results))
+"""
+
+
+def run_as_after_the_readme_install(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(REPO / "tests" / "readme_install.py"), *args], cwd=REPO, capture_output=True, text=True, timeout=300)
+
+
+def test_the_default_searcher_runs_after_the_readme_install_alone() -> None:
+    """`pip install -e .` brings what the Gaussian-process searcher needs (scipy among it): the
+    test environment's extras are refused on import, as they would be missing."""
+    done = run_as_after_the_readme_install("-c", SEARCH_ROUNDS)
+    assert done.returncode == 0 and done.stdout.strip() == "12", done.stderr[-2000:]
+
+
+def test_a_script_whose_extra_is_missing_says_which_in_one_line() -> None:
+    done = run_as_after_the_readme_install("scripts/evaluate.py", "missing.ckpt")
+    assert done.returncode == 2
+    assert done.stderr.strip() == 'error: scripts/evaluate.py needs lm_eval, which the eval extra installs: pip install -e ".[eval]"'
