@@ -181,7 +181,7 @@ def refits(members: list[Rung], at: float) -> list[float]:
 def seed_noise(members: list[Rung], seeds: int) -> float:
     """The 95% half-width of a k-seed mean's noise: t * s / sqrt(k), s pooled over the fitted
     sizes' seeds (t with their pooled degrees of freedom)."""
-    from analysis.study import t_quantile
+    from analysis.claim_tests import t_quantile
 
     squares = sum(float(np.sum((np.array(list(r.losses.values())) - r.loss) ** 2)) for r in members)
     df = sum(len(r.losses) - 1 for r in members)

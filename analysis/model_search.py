@@ -31,14 +31,13 @@ over the tuning seeds, so a resumed study, or a second worker, proposes the same
 
 The model is fitted in one thread (results then never depend on the machine's thread count,
 which would let two workers disagree on a round). A process keeps the study as each round was
-asked (``_ASKED``, keyed by the rounds told before it), so replaying a long search fits the
+asked (``_ASKED``, keyed by the rounds told before it and the size of the round asked), so replaying a long search fits the
 model only for the rounds it has not asked yet; a copy continues exactly as the replay from
 scratch would, since it is the state that replay reaches.
 """
 
 import contextlib
 import copy
-import math
 import random
 from collections import OrderedDict
 from collections.abc import Iterator
@@ -114,7 +113,9 @@ def replay(space: SearchSpace, sampler: str, seed: int, budget: int, round_size:
     with _one_thread():
         state = _start(space, sampler, seed, round_size)
         while state["spent"] < budget:
-            key = (repr(space), sampler, seed, budget, round_size, anchors, told_rounds)
+            # The budget shapes a round only through its size: searches of other budgets share rounds.
+            size = min(max(round_size, len(anchors) if state["spent"] == 0 else 0), budget - state["spent"])
+            key = (repr(space), sampler, seed, size, round_size, anchors, told_rounds)
             if key not in _ASKED:
                 _ASKED[key] = copy.deepcopy(_ask_round(state, space, budget, round_size, anchors))
                 while len(_ASKED) > CACHED_ROUNDS:

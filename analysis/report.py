@@ -25,7 +25,9 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from analysis.runs import DERIVED, STEP, TOKENS, WALL_TIME, Run, find_runs  # noqa: E402
-from analysis.study import Claim, Spread, StudySpec, Verdict, judge_claim  # noqa: E402
+from analysis.claim_tests import Spread  # noqa: E402
+from analysis.looks import judge_in_looks  # noqa: E402
+from analysis.study import Claim, StudySpec, Verdict  # noqa: E402
 from analysis.tuner import Tuning  # noqa: E402
 from analysis.scaling_laws import parameter_count  # noqa: E402
 from analysis.trend import TrendPoint, judge_trend  # noqa: E402
@@ -381,8 +383,13 @@ def build_report(runs: list[Run]) -> StudyReport:
     found = tunings(spec, runs) if spec.tuned else {}
     untuned = frozenset(arm for (arm, _), tuning in found.items() if not tuning.tuned)
     judged = [group for group in groups if group.phase != "tune"]
-    verdicts = [judge_trend(claim, trend_points(claim, judged, spec), untuned) if claim.trend
-                else judge_claim(claim, claim_spreads(claim, judged), untuned) for claim in spec.claims]  # fmt: skip
+    spreads: dict[str, dict[str, Spread]] = {}
+    for claim in spec.claims:
+        for arm, metrics in claim_spreads(claim, judged).items():
+            spreads.setdefault(arm, {}).update(metrics)
+    looks = judge_in_looks(spec, [spreads], untuned).verdicts[0]
+    verdicts = [judge_trend(claim, trend_points(claim, judged, spec), untuned) if claim.trend else looks[i]
+                for i, claim in enumerate(spec.claims)]  # fmt: skip
     return StudyReport(runs, groups, spec, verdicts, found)
 
 

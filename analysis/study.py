@@ -8,16 +8,18 @@ A study preset (``conf/sweep/NAME.yaml``) declares, under ``study``:
   over the run (``max(stability/loss_spike_ratio)``) or ``spikes(KEY>T)``, the number of
   times KEY rose above T;
 - ``claims``: what the study tests, each comparing one arm with a baseline arm on the
-  final value of a metric, e.g. "``adaptive`` ends within 0.01 nats of ``constant_16``
-  with at most 0.7 of its optimizer steps"::
+  final value of a metric through a named test (``analysis/claim_tests.py``: ``lower_than``
+  / ``higher_than``, superiority; ``no_worse_than``, non-inferiority; ``within``,
+  equivalence; each also on the ratio, ``ratio_lower_than``, ...), e.g. "``adaptive`` ends no
+  more than 0.01 nats above ``constant_16`` with less than 0.7 of its optimizer steps"::
 
       claims:
-        - claim: adaptive matches constant_16 with >= 30% fewer steps
+        - claim: adaptive is no worse than constant_16 (by 0.01) with < 0.7 of its steps
           arm: adaptive
           baseline: constant_16
           expect:
-            val/loss: {difference_at_most: 0.01}
-            steps: {ratio_at_most: 0.7}
+            val/loss: {no_worse_than: 0.01}
+            steps: {ratio_lower_than: 0.7}
 
 ``arm`` and ``baseline`` may also list several arms (a tuning grid: ``arm: [muon_lr2e-3,
 muon_lr4e-3]``): the claim then compares the best of each list, the arm with the lowest
@@ -38,7 +40,7 @@ of points (study-wide or per arm), ``round_size`` points a round, the searcher s
 ``search_seed``; an arm may name ``anchors``, points every search runs in its first round as
 controls. Then each tuned arm's winner runs on ``seeds``, the judging seeds, which must not
 repeat a tuning seed; ``seeds: {first: [2, 3, 4], max: 8}`` adds seeds in rounds while a claim
-is unresolved (``analysis/study_plan.py``). Claims are judged on the judging runs only, so the
+is unresolved (``analysis/study_plan.py``), its tests' levels spent over the looks. Claims are judged on the judging runs only, so the
 seeds that picked a winner never judge it.
 
 A tuned study crossed with model sizes (a ladder) may hold one size out of the search
@@ -52,55 +54,43 @@ The study sweeper (``hydra_plugins/study_sweeper``) turns arms x seeds into jobs
 report groups finished runs by arm (or, in any other sweep, by their overrides less the
 seed) and judges each claim here.
 
-A condition is judged on the 95% confidence interval of the measured difference
-(``mean(arm) - mean(baseline)``) or ratio (``mean(arm) / mean(baseline)``): it **holds**
-when the whole interval satisfies it, **fails** when none of it does, and is
-**inconclusive** when the interval straddles the threshold, that is when the effect is
-within the seed spread. The interval is Student's t with ``min(n_arm, n_baseline) - 1``
-degrees of freedom (a conservative choice for unequal variances) around the standard
-error ``sqrt(s_a^2 / n_a + s_b^2 / n_b)``; for ratios the standard error comes from the
-delta method. With a single seed in either arm there is no spread to judge against, and
-every condition is underpowered (inconclusive where it has no margin).
+Each test is judged on the interval at its level (``analysis/claim_tests.py``): it **holds**
+when the whole interval lies inside the claim's region, **fails** when none of it does, and
+is **inconclusive** when the interval straddles the region's edge. Where both arms ran the
+same seeds (two or more), they started from the same weights and saw the same data order, so
+the **paired** estimate decides: the per-seed differences (or ratios), their mean and
+Student's t with n - 1 degrees of freedom on the seeds both ran; otherwise the unpaired one,
+with Welch's standard error and ``min(n_arm, n_baseline) - 1`` degrees of freedom. With a
+single seed in either arm there is no spread to judge against, and every test is
+underpowered (inconclusive where it has no margin).
 
-Where both arms ran the same seeds (two or more), they started from the same weights and saw
-the same data order, so the **paired** interval decides: the per-seed differences (or
-ratios) ``arm_s - baseline_s``, their mean, and Student's t with ``n - 1`` degrees of freedom
-around their standard error (on the seeds both ran); the unpaired interval is printed
-beside it. Each condition also reports the smallest difference its seeds resolve (the
-interval's half-width) beside the claim's **margin**, the smallest effect it is about (the
-claim's ``margin``, else the threshold's distance from no effect): an inconclusive condition
-whose seeds cannot resolve the margin is **underpowered** (more seeds would decide it); one
-that resolves it but straddles the threshold stays **inconclusive**. A claim whose arm (or
+Each test also reports the difference its seeds resolve at 80% power beside the claim's
+**margin**, the smallest effect it is about (the claim's ``margin``, else the region's
+distance from no effect): an inconclusive test whose seeds cannot resolve the margin is
+**underpowered** (more seeds would decide it); one that resolves it but straddles the edge
+stays **inconclusive**. Judging seeds added in rounds spend each test's level over the looks
+(``study.seeds.error_control``, ``analysis/sequential.py``): a claim is decided at the first
+look where it holds or fails, at that look's share of the level. A claim whose arm (or
 baseline) has no finished run is **not run**; in a tuned study, a claim on an arm that is
 not tuned (search unfinished, a dimension not bracketed, or an anchor better than the
 winner) is **not tuned**, never holds or fails.
 """
 
-import math
-import statistics
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from analysis.claim_tests import BETTER, CONDITIONS, ONE_SIDED_ALPHA, RETIRED, Condition, Estimate, Spread, paired, resolvable, unpaired, verdict
 from analysis.runs import parse_reduction
 from analysis.search_space import Dimension, Range, SearchSpace, parse_anchors, parse_search
+from analysis.sequential import DEFAULT_SPENDING, SPENDING
 from analysis.tuner import DEFAULT_ROUND_SIZE, DEFAULT_SEARCHER, SEARCHERS, Search
 from common.errors import ConfigError
 
-#: Two-sided 95% quantiles of Student's t by degrees of freedom (beyond 30: the normal's).
-T_95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262,
-        10: 2.228, 12: 2.179, 15: 2.131, 20: 2.086, 25: 2.060, 30: 2.042}  # fmt: skip
-
-CONDITIONS = ("difference_at_most", "difference_at_least", "ratio_at_most", "ratio_at_least", "slope_at_most", "slope_at_least")
 #: What a trend claim's slope is taken against (``analysis/trend.py``).
 TREND_AXES = ("params",)
-
-
-def t_quantile(df: int) -> float:
-    """The two-sided 95% quantile of Student's t with ``df`` degrees of freedom (table values,
-    the next smaller tabled df in between, so the interval is never too narrow)."""
-    if df > 30:
-        return 1.96
-    return T_95[max(d for d in T_95 if d <= df)]
+#: The front claim's test: the arm ends lower than a front arm.
+LOWER = Condition("lower_than", 0.0)
 
 
 @dataclass(frozen=True)
@@ -111,7 +101,8 @@ class Claim:
     claim: str
     arm: str | list[str]
     baseline: str | list[str] | None = None
-    expect: dict[str, dict[str, float]] = field(default_factory=dict)
+    #: Each metric's tests (``analysis/claim_tests.py``).
+    expect: dict[str, tuple[Condition, ...]] = field(default_factory=dict)
     front: list[str] = field(default_factory=list)
     x: str = "steps"
     y: str = "val/loss"
@@ -120,9 +111,11 @@ class Claim:
     #: A trend claim: the x its difference's slope is taken against (``params``: log10 N).
     trend: str | None = None
     #: The smallest effect the claim is about, which its seeds must resolve (else it is
-    #: underpowered): by default the threshold's distance from no effect (0 for a
-    #: difference, 1 for a ratio); give it where that distance is 0 ("ends lower than").
+    #: underpowered): by default the distance of the test's region from no effect; give it
+    #: where that distance is 0 (plain superiority, "ends lower than").
     margin: float | None = None
+    #: Which way is better on the claim's metrics (what "no worse" means): lower or higher.
+    better: str = "lower"
 
     @property
     def arms(self) -> list[str]:
@@ -158,6 +151,10 @@ class StudySpec:
     #: Judging seeds to add, round by round, until every claim is resolved: at most this
     #: many judging seeds in all (``study.seeds: {first: [2, 3, 4], max: 8}``); None: no more.
     max_seeds: int | None = None
+    #: How the tests' levels are spent over the looks when seeds are added (``analysis/sequential.py``).
+    error_control: str = DEFAULT_SPENDING
+    #: The number of judging seeds at each planned look (the first seeds', ..., ``max_seeds``).
+    looks: tuple[int, ...] = ()
     #: A tuned study's token budget rule: this many tokens per model parameter (a ladder's).
     tokens_per_parameter: float | None = None
     #: A ladder's size (``model`` preset) whose searched settings are extrapolated, not searched.
@@ -166,6 +163,11 @@ class StudySpec:
     @property
     def tuned(self) -> bool:
         return bool(self.searches)
+
+    @property
+    def other_seeds(self) -> set[int]:
+        """The seeds that are not judging seeds: tuning and finalist seeds."""
+        return {*self.tuning_seeds, *(seed for search in self.searches.values() for seed in search.finalist_seeds)}
 
     @property
     def spaces(self) -> dict[str, SearchSpace]:
@@ -183,7 +185,7 @@ class StudySpec:
         for name, entry in arms.items():
             overrides[name], own, extras[name] = _arm(name, entry)
             dimensions[name] = {**shared, **own}
-        seeds, max_seeds = _judging_seeds(seeds)
+        seeds, max_seeds, error_control, looks = _judging_seeds(seeds)
         tuning_seeds = _seeds(node.get("tuning_seeds"), "study.tuning_seeds") if node.get("tuning_seeds") is not None else []
         searches = {}
         if any(dimensions.values()):
@@ -193,10 +195,17 @@ class StudySpec:
             repeated = sorted(set(tuning_seeds) & set(seeds))
             if repeated:
                 raise ConfigError(f"study.seeds repeats the tuning seeds {repeated}: winners are judged on other seeds; e.g. tuning_seeds [1], seeds [2, 3, 4].")
+            finalist_seeds = {seed for search in searches.values() for seed in search.finalist_seeds}
+            repeated = sorted(finalist_seeds & set(seeds + tuning_seeds))
+            if repeated:
+                raise ConfigError(f"study.finalists.seeds repeats {repeated}, a tuning or judging seed: finalists run again on seeds of their own,"
+                                  " e.g. [21, 22].")  # fmt: skip
         elif tuning_seeds:
             raise ConfigError("study.tuning_seeds is set but nothing is searched: add study.search (or an arm's search), or drop tuning_seeds.")
         else:
             _no_search_settings(node, extras)
+            if max_seeds is not None:
+                raise ConfigError(f"study.seeds.max: only a tuned study adds judging seeds in rounds; give study.seeds as a list, e.g. {seeds}.")
         claims = [_claim(index, entry, arms) for index, entry in enumerate(node.get("claims") or [])]
         columns = list(node.get("columns") or [])
         for column in columns:
@@ -209,11 +218,12 @@ class StudySpec:
             raise ConfigError(f"study.tokens_per_parameter={per_parameter!r} must be a number > 0 (or null: the config's token_budget).")
         held_out = _held_out(node.get("held_out"), {name: search.space for name, search in searches.items()})
         return cls(arms=overrides, seeds=seeds, claims=claims, columns=columns, tuning_seeds=tuning_seeds, searches=searches,
-                   tokens_per_parameter=per_parameter, held_out=held_out, max_seeds=max_seeds)  # fmt: skip
+                   tokens_per_parameter=per_parameter, held_out=held_out, max_seeds=max_seeds,
+                   error_control=error_control, looks=looks)  # fmt: skip
 
 
 #: Settings of an arm's search, given for the whole study or per arm (the arm's wins).
-SEARCH_SETTINGS = ("searcher", "budget", "round_size", "search_seed")
+SEARCH_SETTINGS = ("searcher", "budget", "round_size", "search_seed", "finalists")
 
 
 def _search(name: str, node: dict, dimensions: dict[str, Dimension], overrides: list[str], own: dict[str, Any]) -> Search:
@@ -235,7 +245,21 @@ def _search(name: str, node: dict, dimensions: dict[str, Dimension], overrides: 
     if space.dimensions and budget is not None and budget < len(anchors) + 1:
         raise ConfigError(f"{where['budget']}={budget} leaves no point to search beside the arm's {len(anchors)} anchor(s);"
                           f" give at least {len(anchors) + 1}.")  # fmt: skip
-    return Search(space, searcher, budget, round_size or DEFAULT_ROUND_SIZE, seed or 0, anchors)
+    count, finalist_seeds = _finalists(settings["finalists"], where["finalists"])
+    return Search(space, searcher, budget, round_size or DEFAULT_ROUND_SIZE, seed or 0, anchors, count, finalist_seeds)
+
+
+def _finalists(node: Any, key: str) -> tuple[int, tuple[int, ...]]:
+    """``finalists: {count: 3, seeds: [21, 22]}``: how many of the best points (by the surrogate)
+    run again, on which seeds; none by default."""
+    if node is None:
+        return 0, ()
+    if not isinstance(node, dict) or set(node) != {"count", "seeds"}:
+        raise ConfigError(f"{key} must be {{count: N, seeds: [...]}}, e.g. {{count: 3, seeds: [21, 22]}}; got {node!r}.")
+    count = node["count"]
+    if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+        raise ConfigError(f"{key}.count={count!r} must be a whole number >= 1: the best points that run again.")
+    return count, tuple(_seeds(node["seeds"], f"{key}.seeds"))
 
 
 def _no_search_settings(node: dict, extras: dict[str, dict[str, Any]]) -> None:
@@ -246,18 +270,29 @@ def _no_search_settings(node: dict, extras: dict[str, dict[str, Any]]) -> None:
         raise ConfigError(f"{', '.join(given)} set, but nothing is searched: add study.search (or an arm's search), or drop them.")
 
 
-def _judging_seeds(node: Any) -> tuple[list[int], int | None]:
-    """``seeds: [2, 3, 4]``, or ``seeds: {first: [2, 3, 4], max: 8}`` to add seeds until every
-    claim is resolved."""
+def _judging_seeds(node: Any) -> tuple[list[int], int | None, str, tuple[int, ...]]:
+    """``seeds: [2, 3, 4]``, or ``seeds: {first: [2, 3, 4], max: 8}`` to add seeds while a claim
+    is unresolved, at planned looks (``looks``: the seed counts, by default the first seeds' and
+    the cap) with the tests' levels spent over them (``error_control``, ``analysis/sequential.py``)."""
     if not isinstance(node, dict):
-        return _seeds(node, "study.seeds"), None
-    unknown = set(node) - {"first", "max"}
+        seeds = _seeds(node, "study.seeds")
+        return seeds, None, DEFAULT_SPENDING, (len(seeds),)
+    unknown = set(node) - {"first", "max", "looks", "error_control"}
     if unknown or "first" not in node:
         raise ConfigError(f"study.seeds is a list of seeds or {{first: [2, 3, 4], max: 8}}; got {node!r}.")
     first, cap = _seeds(node["first"], "study.seeds.first"), node.get("max")
     if isinstance(cap, bool) or not isinstance(cap, int) or cap < len(first):
         raise ConfigError(f"study.seeds.max={cap!r} must be a whole number of judging seeds, at least the {len(first)} of study.seeds.first.")
-    return first, cap
+    spending = node.get("error_control", DEFAULT_SPENDING)
+    if spending not in SPENDING:
+        raise ConfigError(f"study.seeds.error_control={spending!r} is not an error control; use one of {', '.join(SPENDING)}"
+                          f" (alpha spending over the looks; {DEFAULT_SPENDING} is the default).")  # fmt: skip
+    looks = node.get("looks", sorted({len(first), cap}))
+    valid = isinstance(looks, list) and all(isinstance(n, int) and not isinstance(n, bool) for n in looks)
+    if not valid or looks[0] != len(first) or looks[-1] != cap or any(b <= a for a, b in zip(looks, looks[1:])):
+        raise ConfigError(f"study.seeds.looks={looks!r} must be increasing seed counts from the {len(first)} first seeds to max"
+                          f" {cap}, e.g. [{len(first)}, {cap}]: the looks are planned, never sized from the data.")  # fmt: skip
+    return first, cap, spending, tuple(looks)
 
 
 def _held_out(name: Any, spaces: dict[str, SearchSpace]) -> str | None:
@@ -314,6 +349,34 @@ def _one_or_list(arms: Any) -> str | list[str]:
     return arms if isinstance(arms, str) else list(arms)
 
 
+def _expect(key: str, expect: Any, better: str, trend: str | None) -> dict[str, tuple[Condition, ...]]:
+    """A claim's tests by metric, each named for what it tests, its threshold of the right sign."""
+    if not isinstance(expect, dict) or not expect:
+        raise ConfigError(f"{key}.expect must map metrics to tests, e.g. {{val/loss: {{no_worse_than: 0.01}}}}.")
+    parsed = {}
+    for metric, conditions in expect.items():
+        if not isinstance(conditions, dict) or not conditions:
+            raise ConfigError(f"{key}.expect.{metric} must map tests to thresholds, e.g. {{lower_than: 0}}; the tests are {', '.join(CONDITIONS)}.")
+        tests = []
+        for name, threshold in conditions.items():
+            if name in RETIRED:
+                raise ConfigError(f"{key}.expect.{metric}.{name} is ambiguous and retired: name the test, {RETIRED[name]}.")
+            if name not in CONDITIONS:
+                raise ConfigError(f"{key}.expect.{metric}.{name} is not a test; use one of {', '.join(CONDITIONS)}.")
+            if isinstance(threshold, bool) or not isinstance(threshold, int | float):
+                raise ConfigError(f"{key}.expect.{metric}.{name}={threshold!r} must be a number.")
+            if trend is not None and name.startswith("ratio_"):
+                raise ConfigError(f"{key}.expect.{metric}.{name}: a trend claim tests a slope; drop the ratio_ prefix.")
+            condition = Condition(name, float(threshold), better)
+            try:
+                condition.check(f"{key}.expect.{metric}")
+            except ValueError as error:
+                raise ConfigError(f"{error}.") from None
+            tests.append(condition)
+        parsed[metric] = tuple(tests)
+    return parsed
+
+
 def _claim(index: int, entry: Any, arms: dict[str, Any]) -> Claim:
     key = f"study.claims[{index}]"
     if not isinstance(entry, dict) or "arm" not in entry or not ({"baseline", "expect"} <= set(entry) or "front" in entry):
@@ -327,129 +390,33 @@ def _claim(index: int, entry: Any, arms: dict[str, Any]) -> Claim:
         if not claim.front or not isinstance(claim.arm, str):
             raise ConfigError(f"{key}: a front claim needs one arm and front, the list of arms that make the front.")
     else:
-        expect = entry["expect"]
-        if not isinstance(expect, dict) or not expect:
-            raise ConfigError(f"{key}.expect must map metrics to conditions, e.g. {{val/loss: {{difference_at_most: 0.01}}}}.")
-        for metric, conditions in expect.items():
-            if not isinstance(conditions, dict) or not conditions or not set(conditions) <= set(CONDITIONS):
-                raise ConfigError(f"{key}.expect.{metric}: conditions are {CONDITIONS}, got {conditions!r}.")
         trend = entry.get("trend")
-        slopes = {c for conditions in expect.values() for c in conditions if c.startswith("slope_")}
         if trend is not None and (trend not in TREND_AXES or not isinstance(entry["arm"], str) or not isinstance(entry["baseline"], str)):
             raise ConfigError(f"{key}.trend={trend!r}: a trend claim takes one arm, one baseline and trend: params.")
-        if bool(slopes) != (trend is not None) or (trend is not None and slopes != {c for v in expect.values() for c in v}):
-            raise ConfigError(f"{key}: slope_at_most / slope_at_least go with trend: params, and only they.")
+        better = entry.get("better", "lower")
+        if better not in BETTER:
+            raise ConfigError(f"{key}.better={better!r} must be lower or higher: which way is better on the claim's metrics.")
+        expect = _expect(key, entry["expect"], better, trend)
         margin = entry.get("margin")
         if margin is not None and (isinstance(margin, bool) or not isinstance(margin, int | float) or margin <= 0):
             raise ConfigError(f"{key}.margin={margin!r} must be a number > 0: the smallest effect the claim is about.")
         claim = Claim(claim=text, arm=_one_or_list(entry["arm"]), baseline=_one_or_list(entry["baseline"]),
-                      expect=dict(expect), select=entry.get("select", "val/loss"), trend=trend, margin=margin)  # fmt: skip
+                      expect=expect, select=entry.get("select", "val/loss"), trend=trend, margin=margin, better=better)  # fmt: skip
     for arm in claim.arms:
         if arm not in arms:
             raise ConfigError(f"{key} names {arm!r}, which is not an arm; the arms are {sorted(arms)}.")
     return claim
 
 
-@dataclass(frozen=True)
-class Spread:
-    """A quantity over the seeds of one group."""
-
-    values: tuple[float, ...]
-    #: The seed of each value, where known (what pairs two arms' runs).
-    seeds: tuple[int | None, ...] = ()
-
-    def by_seed(self) -> dict[int, float] | None:
-        """Value by seed, or None when a seed is unknown or repeats."""
-        if len(self.seeds) != self.n or None in self.seeds or len(set(self.seeds)) < self.n:
-            return None
-        return dict(zip(self.seeds, self.values))
-
-    @property
-    def n(self) -> int:
-        return len(self.values)
-
-    @property
-    def mean(self) -> float:
-        return statistics.fmean(self.values)
-
-    @property
-    def std(self) -> float:
-        """The sample standard deviation (n - 1); 0 for one seed."""
-        return statistics.stdev(self.values) if self.n > 1 else 0.0
-
-    def __str__(self) -> str:
-        """Mean ± std, both at the mean's precision: whole numbers for counts (one decimal for
-        a small count's fractional mean: 1 spike in 3 seeds is 0.3, not 0) and anything >= 1000,
-        one decimal from 10, four below."""
-        counts = all(float(v).is_integer() for v in self.values)
-        if counts and abs(self.mean) < 10 and not float(self.mean).is_integer():
-            return f"{self.mean:.1f} ± {self.std:.1f}"
-        if counts or abs(self.mean) >= 1000:
-            return f"{self.mean:,.0f} ± {self.std:,.0f}"
-        decimals = 1 if abs(self.mean) >= 10 else 4
-        return f"{self.mean:.{decimals}f} ± {self.std:.{decimals}f}"
-
-
-@dataclass(frozen=True)
-class Interval:
-    """A measured difference or ratio with its 95% confidence interval (None: no spread known)."""
-
-    kind: str  # difference | ratio
-    value: float
-    low: float | None
-    high: float | None
-
-    def __str__(self) -> str:
-        sign = "+" if self.kind == "difference" and self.value >= 0 else ""
-        if self.low is None:
-            return f"{sign}{self.value:.4g}"
-        return f"{sign}{self.value:.4g} [{self.low:.4g}, {self.high:.4g}]"
-
-
-def compare(arm: Spread, baseline: Spread, kind: str) -> Interval:
-    """``mean(arm) - mean(baseline)`` or ``mean(arm) / mean(baseline)``, with its 95% interval."""
-    if kind == "difference":
-        value = arm.mean - baseline.mean
-        error = math.sqrt(arm.std**2 / arm.n + baseline.std**2 / baseline.n)
-    else:
-        value = arm.mean / baseline.mean
-        relative = [(s.std / s.mean) ** 2 / s.n if s.mean else math.inf for s in (arm, baseline)]
-        error = abs(value) * math.sqrt(sum(relative))
-    if min(arm.n, baseline.n) < 2:
-        return Interval(kind, value, None, None)
-    half = t_quantile(min(arm.n, baseline.n) - 1) * error
-    return Interval(kind, value, value - half, value + half)
-
-
-def paired(arm: Spread, baseline: Spread, kind: str) -> Interval | None:
-    """The paired interval over per-seed differences (or ratios) ``arm_s - baseline_s`` on the
-    seeds both ran: their mean and Student's t with n - 1 degrees of freedom; None unless
-    they share two or more seeds (an arm given more seeds for another claim pairs on the
-    shared ones)."""
-    a, b = arm.by_seed(), baseline.by_seed()
-    shared = sorted(set(a) & set(b)) if a is not None and b is not None else []
-    if len(shared) < 2:
-        return None
-    per_seed = Spread(tuple(a[s] - b[s] if kind == "difference" else a[s] / b[s] for s in shared))
-    half = t_quantile(per_seed.n - 1) * per_seed.std / math.sqrt(per_seed.n)
-    return Interval(kind, per_seed.mean, per_seed.mean - half, per_seed.mean + half)
-
-
-def judge(interval: Interval, condition: str, threshold: float) -> str:
-    """holds / fails / inconclusive for one condition on a measured interval."""
-    if interval.low is None:
-        return "inconclusive"
-    at_most = condition.endswith("at_most")
-    if (interval.high <= threshold) if at_most else (interval.low >= threshold):
-        return "holds"
-    if (interval.low > threshold) if at_most else (interval.high < threshold):
-        return "fails"
-    return "inconclusive"
-
-
 NOT_RUN, NOT_TUNED, UNDERPOWERED = "not run", "not tuned", "underpowered"
 #: Verdicts that more judging seeds could still change.
 UNRESOLVED = ("inconclusive", UNDERPOWERED)
+#: A look's nominal level for a test of the given overall level (the full level at a single look).
+Level = Callable[[float], float]
+
+
+def full_level(alpha: float) -> float:
+    return alpha
 
 
 def combine(verdicts: list[str]) -> str:
@@ -464,38 +431,43 @@ def combine(verdicts: list[str]) -> str:
     return UNDERPOWERED if UNDERPOWERED in verdicts else "inconclusive"
 
 
-def margin(claim: Claim, condition: str, threshold: float) -> float:
-    """The smallest effect a condition is about: the claim's ``margin``, else the threshold's
-    distance from no effect (0 for a difference, 1 for a ratio)."""
-    if claim.margin is not None:
-        return claim.margin
-    return abs(threshold - (1.0 if condition.startswith("ratio") else 0.0))
+def margin(claim: Claim, condition: Condition) -> float:
+    """The smallest effect a condition is about: the claim's ``margin``, else the distance of
+    the condition's region from no effect (0 for plain superiority)."""
+    return claim.margin if claim.margin is not None else condition.margin()
 
 
-def resolvable(interval: Interval) -> float | None:
-    """The smallest difference the seeds resolve: the 95% interval's half-width."""
-    return None if interval.low is None else (interval.high - interval.low) / 2
-
-
-def powered(verdict: str, interval: Interval, smallest: float) -> str:
-    """An inconclusive verdict whose seeds cannot resolve the claim's margin is underpowered
-    (more seeds would decide it); one they can resolve is inconclusive (the effect sits at
-    the threshold)."""
-    half = resolvable(interval)
-    if verdict == "inconclusive" and smallest > 0 and (half is None or half > smallest):
+def judged(estimate: Estimate, condition: Condition, smallest: float, alpha: float) -> str:
+    """The condition's verdict; an unresolved one whose seeds cannot resolve the claim's margin
+    at 80% power is underpowered (more seeds would decide it), one they can resolve stays
+    inconclusive (the effect sits at the region's edge)."""
+    found = verdict(estimate, condition, alpha)
+    power = resolvable(estimate, condition, alpha)
+    if found == "inconclusive" and smallest > 0 and (power is None or power > smallest):
         return UNDERPOWERED
-    return verdict
+    return found
+
+
+def describe(estimates: str, estimate: Estimate, condition: Condition, alpha: float, smallest: float, of: str | None = None) -> str:
+    """One measured condition in words: the estimates with the intervals at the test's level,
+    the test, and what the seeds resolve (``estimates``: how to print them, ``{}`` for the one
+    judged)."""
+    power = resolvable(estimate, condition, alpha)
+    resolves = f"resolves ±{power:.3g} at 80% power" if power is not None else "resolves nothing (one seed)"
+    return f"{estimates} ({100 * (1 - 2 * alpha):.3g}% interval); {condition.words(alpha, of)}; {resolves}, margin {smallest:g}"
 
 
 @dataclass(frozen=True)
 class Verdict:
     claim: Claim
-    measured: list[str]  # one line per condition: metric, interval, condition
+    measured: list[str]  # one line per condition: metric, test, interval
     verdict: str
 
 
-def judge_claim(claim: Claim, groups: dict[str, dict[str, Spread]], untuned: frozenset[str] = frozenset()) -> Verdict:
-    """Judge a claim on the groups' spreads (arm -> metric -> Spread); a claim on an arm in
+def judge_claim(claim: Claim, groups: dict[str, dict[str, Spread]], untuned: frozenset[str] = frozenset(),
+                level: Level = full_level) -> Verdict:  # fmt: skip
+    """Judge a claim on the groups' spreads (arm -> metric -> Spread), each test at ``level``
+    of its own (a sequential look's share, ``analysis/sequential.py``); a claim on an arm in
     ``untuned`` (a tuned study's arm whose search is not finished or not bracketed, or whose
     winner an anchor beat) is not tuned."""
     if claim.front:
@@ -509,21 +481,16 @@ def judge_claim(claim: Claim, groups: dict[str, dict[str, Spread]], untuned: fro
         measured.append(f"best by {claim.select}: {arm_name} against {baseline_name}")
     for metric, conditions in claim.expect.items():
         arm, baseline = groups[arm_name].get(metric), groups[baseline_name].get(metric)  # {}: split or unlogged
-        for condition, threshold in conditions.items():
+        for condition in conditions:
             if arm is None or baseline is None:
                 measured.append(f"{metric}: no finished run of {arm_name if arm is None else baseline_name} logged it")
                 verdicts.append("inconclusive")
                 continue
-            kind = condition.split("_")[0]
-            unpaired, pair = compare(arm, baseline, kind), paired(arm, baseline, kind)
-            symbol = "<=" if condition.endswith("at_most") else ">="
-            intervals = f"paired {pair}, unpaired {unpaired}" if pair else str(unpaired)
-            used, smallest = pair or unpaired, margin(claim, condition, float(threshold))
-            half = resolvable(used)
-            power = f"resolves ±{half:.3g}" if half is not None else "resolves nothing (one seed)"
-            measured.append(f"{metric} {kind} {intervals} (want {symbol} {threshold:g}; n={arm.n}/{baseline.n}; {power},"
-                            f" margin {smallest:g})")  # fmt: skip
-            verdicts.append(powered(judge(used, condition, float(threshold)), used, smallest))
+            pair, apart = paired(arm, baseline, condition.kind), unpaired(arm, baseline, condition.kind)
+            alpha, smallest = level(condition.alpha), margin(claim, condition)
+            shown = f"paired {pair.text(alpha)}, unpaired {apart.text(alpha)}" if pair else apart.text(alpha)
+            measured.append(f"{metric} {condition.kind} {describe(shown, pair or apart, condition, alpha, smallest)}; n={arm.n}/{baseline.n}")
+            verdicts.append(judged(pair or apart, condition, smallest, alpha))
     not_tuned = sorted({arm_name, baseline_name} & untuned)
     if not_tuned:
         measured.append(f"{', '.join(not_tuned)} not tuned (see the tuning table)")
@@ -554,9 +521,9 @@ def judge_front(claim: Claim, groups: dict[str, dict[str, Spread]]) -> Verdict:
             measured.append(f"{name}: no finished run")
             verdicts.append("inconclusive")
         elif other[claim.x].mean <= arm[claim.x].mean:
-            interval = compare(arm[claim.y], other[claim.y], "difference")
-            measured.append(f"vs {name} ({arm[claim.x].mean / other[claim.x].mean:.2f}x its {claim.x}): {claim.y} {interval}")
-            verdicts.append(judge(interval, "difference_at_most", 0.0))
+            estimate = unpaired(arm[claim.y], other[claim.y], "difference")
+            measured.append(f"vs {name} ({arm[claim.x].mean / other[claim.x].mean:.2f}x its {claim.x}): {claim.y} {estimate.text(ONE_SIDED_ALPHA)}")
+            verdicts.append(verdict(estimate, LOWER, ONE_SIDED_ALPHA))
     if not measured:
         measured.append(f"fewer {claim.x} than every front arm")
     return Verdict(claim, measured, combine(verdicts))

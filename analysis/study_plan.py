@@ -8,12 +8,13 @@ sweeper did before, so a resumed study (or a second worker) plans the same round
 The phases, each starting once the one before has nothing left:
 
 1. **tune**: every (base job, arm) search's pending points (``analysis/tuner.py``) on every
-   tuning seed;
+   tuning seed, then its finalists and anchors on the finalist seeds;
 2. **judge**: each tuned arm's winner on the judging seeds (an arm whose search is not tuned,
    say an anchor beat its winner, is not judged). With ``study.seeds: {first: [...], max: N}``
-   more seeds follow in rounds while a claim is unresolved (inconclusive or underpowered)
+   more seeds follow in looks while a claim is unresolved (inconclusive or underpowered)
    and fewer than N seeds ran: as many as the claim's spread says it needs to resolve its
-   margin (at least one, at most up to N), numbered on from the largest seed the study uses;
+   margin (at least one, at most up to N), numbered on from the largest seed the study uses,
+   each look judged at its share of the tests' levels (``analysis/looks.py``);
 3. **held out**: a ladder's held-out size, at settings fitted over the other sizes' winners,
    on the first judging seeds.
 """
@@ -22,9 +23,11 @@ import math
 from collections import defaultdict
 from dataclasses import dataclass, field
 
+from analysis.claim_tests import Spread
+from analysis.looks import judge_in_looks
 from analysis.search_space import Point
-from analysis.study import UNRESOLVED, Claim, Spread, StudySpec, best, judge_claim, margin, paired, resolvable
-from analysis.tuner import Tuning
+from analysis.study import StudySpec
+from analysis.tuner import Tuning, tuning_from_seeds
 
 TUNE, JUDGE = "tune", "judge"
 
@@ -70,14 +73,14 @@ class StudyPlan:
         self.finished[job] = dict(metrics)
 
     def tuning(self, base: int, arm: str) -> Tuning:
-        """The search so far: each point whose every tuning seed finished, at its mean."""
+        """The search so far: each point whose every tuning seed finished, at its mean, and the
+        finalists' and anchors' runs on the finalist seeds."""
+        search = self.spec.searches[arm]
         by_point: dict[Point, dict[int, float]] = defaultdict(dict)
         for job, metrics in self.finished.items():
             if job.phase == TUNE and (job.base, job.arm) == (base, arm):
                 by_point[job.point][job.seed] = float(metrics.get(self.select, math.nan))
-        seeds = self.spec.tuning_seeds
-        results = {p: sum(v[s] for s in seeds) / len(seeds) for p, v in by_point.items() if set(seeds) <= set(v)}
-        return Tuning(self.spec.searches[arm], results)
+        return tuning_from_seeds(search, self.spec.tuning_seeds, by_point)
 
     def next_round(self) -> list[TunedJob]:
         """The jobs to run next (those not finished yet); empty when the study is done."""
@@ -88,72 +91,36 @@ class StudyPlan:
         return []
 
     def _tune_round(self, tunings: dict[tuple[int, str], Tuning]) -> list[TunedJob]:
-        return [TunedJob(base, arm, point, seed, TUNE) for (base, arm), tuning in tunings.items()
-                for point in tuning.pending for seed in self.spec.tuning_seeds]  # fmt: skip
+        """The searchers' points on the tuning seeds, then the finalists and anchors on the finalist seeds."""
+        return [job for (base, arm), tuning in tunings.items() for job in (
+                *(TunedJob(base, arm, point, seed, TUNE) for point in tuning.pending for seed in self.spec.tuning_seeds),
+                *(TunedJob(base, arm, point, seed, TUNE) for point, seed in tuning.pending_reruns))]  # fmt: skip
 
     def judged(self, tunings: dict[tuple[int, str], Tuning]) -> list[tuple[int, str, Point]]:
         """The searches whose winner is judged: the tuned ones."""
         return [(base, arm, tuning.winner) for (base, arm), tuning in tunings.items() if tuning.tuned]
 
     def _judge_round(self, tunings: dict[tuple[int, str], Tuning]) -> list[TunedJob]:
+        """The judging seeds' jobs: the first seeds, then those each look asks for (``analysis/looks.py``)."""
         judged = self.judged(tunings)
-        seeds = list(self.spec.seeds)
-        while True:
-            jobs = [TunedJob(base, arm, point, seed, JUDGE) for base, arm, point in judged for seed in seeds]
-            if any(job not in self.finished for job in jobs) or self.spec.max_seeds is None:
-                return jobs
-            wanted = self.seeds_wanted(judged, seeds)
-            if wanted <= len(seeds):
-                return jobs
-            seeds += self._more_seeds(seeds, wanted - len(seeds))
+        jobs = [TunedJob(base, arm, point, seed, JUDGE) for base, arm, point in judged for seed in self.spec.seeds]
+        if any(job not in self.finished for job in jobs) or self.spec.max_seeds is None:
+            return jobs
+        bases = sorted({base for base, _, _ in judged})
+        judgement = judge_in_looks(self.spec, [self._groups(base, judged) for base in bases])
+        return [TunedJob(base, arm, point, seed, JUDGE) for base, arm, point in judged for seed in judgement.next_seeds or []]
 
-    def seeds_wanted(self, judged: list[tuple[int, str, Point]], seeds: list[int]) -> int:
-        """How many judging seeds the unresolved claims need (at most ``max_seeds``): for each,
-        the count whose 95% half-width would reach the claim's distance from its threshold (or
-        its margin, where that is larger), from the paired spread so far."""
-        wanted = len(seeds)
-        for base in sorted({base for base, _, _ in judged}):
-            groups = self._groups(base, judged, seeds)
-            for claim in self.spec.claims:
-                if claim.front or claim.trend:
-                    continue
-                verdict = judge_claim(claim, groups)
-                if verdict.verdict in UNRESOLVED:
-                    wanted = max(wanted, self._needed(claim, groups, len(seeds)))
-        return min(wanted, self.spec.max_seeds or len(seeds))
-
-    def _groups(self, base: int, judged: list[tuple[int, str, Point]], seeds: list[int]) -> dict[str, dict[str, Spread]]:
+    def _groups(self, base: int, judged: list[tuple[int, str, Point]]) -> dict[str, dict[str, Spread]]:
+        """A base job's judged arms: each metric's final values over the judging seeds that finished."""
         groups = {}
         for b, arm, point in judged:
             if b != base:
                 continue
-            runs = {seed: self.finished[TunedJob(b, arm, point, seed, JUDGE)] for seed in seeds}
-            metrics = {m for values in runs.values() for m in values}
-            groups[arm] = {m: Spread(tuple(runs[s][m] for s in seeds if m in runs[s]), tuple(s for s in seeds if m in runs[s]))
-                           for m in metrics}  # fmt: skip
+            runs = {job.seed: metrics for job, metrics in self.finished.items() if (job.base, job.arm, job.point, job.phase) == (b, arm, point, JUDGE)}
+            names = {m for values in runs.values() for m in values}
+            groups[arm] = {m: Spread(tuple(runs[s][m] for s in sorted(runs) if m in runs[s]), tuple(s for s in sorted(runs) if m in runs[s]))
+                           for m in names}  # fmt: skip
         return groups
-
-    def _needed(self, claim: Claim, groups: dict[str, dict[str, Spread]], n: int) -> int:
-        """Seeds for the claim's paired interval to exclude its threshold: the half-width falls
-        about as 1 / sqrt(n), so n * (half-width / distance)^2, the distance being the measured
-        difference's from the threshold (the margin where they coincide); one more at least,
-        the cap where no spread is known."""
-        arm, baseline = best(claim.arm, claim.select, groups), best(claim.baseline, claim.select, groups)
-        needed = n + 1
-        for metric, conditions in claim.expect.items():
-            ours, theirs = groups.get(arm, {}).get(metric), groups.get(baseline, {}).get(metric)
-            for condition, threshold in conditions.items():
-                interval = paired(ours, theirs, condition.split("_")[0]) if ours and theirs else None
-                half = resolvable(interval) if interval else None
-                if not half or math.isnan(half):  # no spread yet, or a diverged run
-                    return self.spec.max_seeds or n
-                distance = abs(interval.value - float(threshold)) or margin(claim, condition, float(threshold))
-                needed = max(needed, math.ceil(n * (half / distance) ** 2) if distance > 0 else self.spec.max_seeds or n)
-        return needed
-
-    def _more_seeds(self, seeds: list[int], count: int) -> list[int]:
-        start = max([*self.spec.tuning_seeds, *seeds]) + 1
-        return list(range(start, start + count))
 
     def _held_out_round(self, tunings: dict[tuple[int, str], Tuning]) -> list[TunedJob]:
         """The held-out size's arms on the first judging seeds, each at its settings fitted over

@@ -5,18 +5,17 @@ every model size the study was crossed with (a ladder): at each size and judging
 paired difference ``arm_s - baseline_s``, their mean per size, then the least-squares line
 of those per-size means against log10 N (N: the model's parameter count). Seeds of one size
 share its model and settings, so they are not independent points of the line: the slope's
-95% interval is Student's t with sizes - 2 degrees of freedom, its spread the per-size
-means' scatter about the line (which holds their seed noise). The claim is judged on it the
-same way as a difference (``analysis/study.py``): ``slope_at_most: 0`` holds when the whole
-interval is at or below 0 (the gap shrinks, or at least does not grow, with N).
+standard error has sizes - 2 degrees of freedom, its spread the per-size means' scatter about
+the line (which holds their seed noise). The claim's tests are made on the slope as on a
+difference (``analysis/claim_tests.py``): ``lower_than: 0`` is superiority, the gap shrinks
+with N (a one-sided t-test at 2.5%), with the slope the seeds resolve at 80% power beside it.
 """
 
 import math
 from dataclasses import dataclass
 
-from analysis.study import NOT_RUN, NOT_TUNED, Claim, Interval, Verdict, combine, judge, t_quantile
-
-TREND_CONDITIONS = ("slope_at_most", "slope_at_least")
+from analysis.claim_tests import Estimate
+from analysis.study import NOT_RUN, NOT_TUNED, Claim, Verdict, combine, describe, judged, margin
 
 
 @dataclass(frozen=True)
@@ -28,9 +27,9 @@ class TrendPoint:
     difference: float
 
 
-def slope(points: list[TrendPoint]) -> Interval:
-    """The slope of the per-size mean difference against log10 N, with its 95% interval
-    (None with fewer than 3 sizes: no scatter to judge against)."""
+def slope(points: list[TrendPoint]) -> Estimate:
+    """The slope of the per-size mean difference against log10 N, with its standard error
+    (none with fewer than 3 sizes: no scatter to judge against)."""
     by_size: dict[float, list[float]] = {}
     for p in points:
         by_size.setdefault(p.n_params, []).append(p.difference)
@@ -38,30 +37,30 @@ def slope(points: list[TrendPoint]) -> Interval:
     ys = [sum(by_size[n]) / len(by_size[n]) for n in sorted(by_size)]
     n = len(xs)
     if n < 2:
-        return Interval("slope", float("nan"), None, None)
+        return Estimate("slope", float("nan"))
     mx, my = sum(xs) / n, sum(ys) / n
     sxx = sum((x - mx) ** 2 for x in xs)
     b = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sxx
     if n < 3:
-        return Interval("slope", b, None, None)
+        return Estimate("slope", b)
     residual = sum((y - my - b * (x - mx)) ** 2 for x, y in zip(xs, ys)) / (n - 2)
-    half = t_quantile(n - 2) * math.sqrt(residual / sxx)
-    return Interval("slope", b, b - half, b + half)
+    return Estimate("slope", b, math.sqrt(residual / sxx), n - 2)
 
 
 def judge_trend(claim: Claim, points: list[TrendPoint], untuned: frozenset[str] = frozenset()) -> Verdict:
     """A trend claim's verdict on the (size, seed) differences of its arm from its baseline."""
     if not points:
         return Verdict(claim, [f"no size with finished runs of both {claim.arm} and {claim.baseline}"], NOT_RUN)
-    interval = slope(points)
+    estimate = slope(points)
     sizes = len({p.n_params for p in points})
     measured, verdicts = [], []
     for metric, conditions in claim.expect.items():
-        for condition, threshold in conditions.items():
-            symbol = "<=" if condition.endswith("at_most") else ">="
-            measured.append(f"{metric} difference: slope per decade of N {interval} (want {symbol} {threshold:g};"
-                            f" per-size means of {len(points)} seeds over {sizes} sizes, {max(sizes - 2, 0)} degrees of freedom)")  # fmt: skip
-            verdicts.append(judge(interval, condition, float(threshold)))
+        for condition in conditions:
+            smallest = margin(claim, condition)
+            shown = f"slope per decade of N {estimate.text(condition.alpha)}"
+            measured.append(f"{metric} difference: {describe(shown, estimate, condition, condition.alpha, smallest, 'slope')};"
+                            f" per-size means of {len(points)} seeds over {sizes} sizes, {max(sizes - 2, 0)} degrees of freedom")  # fmt: skip
+            verdicts.append(judged(estimate, condition, smallest, condition.alpha))
     if {claim.arm, claim.baseline} & untuned:
         return Verdict(claim, [*measured, "not tuned at every size (see the tuning table)"], NOT_TUNED)
     return Verdict(claim, measured, combine(verdicts))

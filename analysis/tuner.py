@@ -24,12 +24,15 @@ the tuning seeds) and its seed, and the same rules judge it:
   anchor beating the winner. A claim on an arm that is not tuned is not judged.
 """
 
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, field
 from functools import cached_property
 
+from analysis.claim_tests import Estimate, Spread, paired
 from analysis.coordinate_search import ALL_TRIED, AT_LIMIT, BRACKETED, NOT_BRACKETED, TUNED, incumbent, loss_key, own_points, proposals, status
 from analysis.model_search import SAMPLERS, replay
 from analysis.search_space import Choice, Point, Range, SearchSpace
+from analysis.surrogate import posterior_mean
 
 SEARCHERS = (*SAMPLERS, "coordinate")
 DEFAULT_SEARCHER = "gp"
@@ -51,15 +54,25 @@ class Search:
     round_size: int = DEFAULT_ROUND_SIZE
     seed: int = 0
     anchors: tuple[Point, ...] = ()
+    #: How many of the best points (by the surrogate's mean) run again on ``finalist_seeds``.
+    finalists: int = 0
+    finalist_seeds: tuple[int, ...] = ()
+
+
+#: The pairing unit of a point's mean over the tuning seeds (one value, every point the same seeds).
+TUNING_SEEDS = -1
 
 
 @dataclass(frozen=True)
 class Tuning:
-    """One arm's search as it stands: the results, the next points, the winner, each
-    dimension's status and the regret check."""
+    """One arm's search as it stands: the results, the next points, the finalists, the
+    winner, each dimension's status and the regret check."""
 
     search: Search
+    #: Each point's mean loss over the tuning seeds: what the searcher sees.
     results: dict[Point, float]
+    #: The finalists' and anchors' losses on each finalist seed.
+    reruns: dict[Point, dict[int, float]] = field(default_factory=dict)
 
     @property
     def space(self) -> SearchSpace:
@@ -78,17 +91,51 @@ class Tuning:
 
     @property
     def pending(self) -> list[Point]:
-        """The points to run next (empty when the search is over)."""
+        """The searcher's points to run next on the tuning seeds (empty when its search is over)."""
         return self._plan[0] if self.space.dimensions else []
+
+    @cached_property
+    def own(self) -> dict[Point, float]:
+        """The searcher's own points that ran, with their mean over the tuning seeds."""
+        return {p: self.results[p] for p in self._plan[1] if p in self.results}
+
+    @cached_property
+    def finalists(self) -> tuple[Point, ...]:
+        """The points the winner is picked from: without finalists every own point; with them,
+        once the search is over, the ``count`` own points of lowest surrogate mean (ties: the
+        smallest indices)."""
+        if not self.search.finalists:
+            return tuple(self.own)
+        if self.pending or not self.own:
+            return ()
+        points = sorted(self.own)
+        means = posterior_mean(self.space, self.results, points)
+        ranked = sorted(zip(means, points), key=lambda pair: (loss_key(pair[0]), pair[1]))
+        return tuple(point for _, point in ranked[: self.search.finalists])
+
+    @property
+    def pending_reruns(self) -> list[tuple[Point, int]]:
+        """The (point, finalist seed) runs still missing: every finalist's and anchor's."""
+        points = [*self.finalists, *(a for a in self.search.anchors if a in self.results)] if self.search.finalists else []
+        return [(p, seed) for p in dict.fromkeys(points) for seed in self.search.finalist_seeds if seed not in self.reruns.get(p, {})]
+
+    def losses(self, point: Point) -> dict[int, float]:
+        """A point's losses by pairing unit: its tuning seeds' mean, then each finalist seed."""
+        return {TUNING_SEEDS: self.results[point], **self.reruns.get(point, {})} if point in self.results else {}
+
+    def mean(self, point: Point) -> float:
+        """A point's mean loss over every seed it ran (a diverged run's NaN makes it NaN)."""
+        values = list(self.losses(point).values())
+        return sum(values) / len(values) if values else math.nan
 
     @property
     def winner(self) -> Point | None:
-        """The best of the searcher's own points so far (None before any ran; an arm that
-        searches nothing has one setting)."""
+        """The finalist with the lowest mean over its seeds, the provisional best own point while
+        the search runs (None before any ran; an arm that searches nothing has one setting)."""
         if not self.space.dimensions:
             return ()
-        own = {p: self.results[p] for p in self._plan[1] if p in self.results}
-        return incumbent(own) if own else None
+        candidates = self.finalists or tuple(self.own)
+        return incumbent({p: self.mean(p) for p in candidates}) if candidates else None
 
     @property
     def statuses(self) -> dict[str, str]:
@@ -105,23 +152,52 @@ class Tuning:
             return ALL_TRIED if tried >= set(dimension.span) else NOT_BRACKETED
         assert isinstance(dimension, Range)
         here = best[axis]
-        sides = [(direction, any((i - here) * direction > 0 for i in tried)) for direction in (-1, 1)]
-        if all(explored for _, explored in sides):
-            return BRACKETED
-        open_sides = [direction for direction, explored in sides if not explored]
+        nearest = {direction: min((i for i in tried if (i - here) * direction > 0), key=lambda i: abs(i - here), default=None)
+                   for direction in (-1, 1)}  # fmt: skip
+        if all(index is not None for index in nearest.values()):
+            return BRACKETED if rises_on_both_sides(self.space, self.results, best, axis, tuple(nearest.values())) else NOT_BRACKETED
+        open_sides = [direction for direction, index in nearest.items() if index is None]
         edge = [here == (dimension.span.start if d < 0 else dimension.span.stop - 1) and dimension.at_hard_limit(here, d) for d in open_sides]
         return AT_LIMIT if all(edge) else NOT_BRACKETED
 
+    def regret(self, anchor: Point) -> Estimate | None:
+        """The winner's loss minus the anchor's, paired over the seeds both ran (None: not both ran)."""
+        best = self.winner
+        if best is None or anchor not in self.results:
+            return None
+        mine, theirs = self.losses(best), self.losses(anchor)
+        shared = sorted(set(mine) & set(theirs))
+        if len(shared) == 1:
+            return Estimate("difference", mine[shared[0]] - theirs[shared[0]])
+        return paired(Spread(tuple(mine[s] for s in shared), tuple(shared)), Spread(tuple(theirs[s] for s in shared), tuple(shared)), "difference")
+
     @property
     def beaten_by(self) -> list[tuple[Point, float]]:
-        """The anchors that ended lower than the winner (with their losses): the regret check."""
-        best = self.winner
-        if best is None or not self.space.dimensions:
+        """The anchors whose mean over the seeds they share with the winner is lower (with the
+        winner's excess): the regret check."""
+        if self.winner is None or not self.space.dimensions:
             return []
-        bar = loss_key(self.results[best])
-        return [(a, self.results[a]) for a in self.search.anchors if a in self.results and loss_key(self.results[a]) < bar]
+        found = [(a, self.regret(a)) for a in self.search.anchors]
+        return [(a, r.value) for a, r in found if r is not None and (r.value > 0 or math.isnan(r.value) and not math.isnan(self.mean(a)))]
 
     @property
     def tuned(self) -> bool:
         """Nothing left to run, every dimension tuned, no anchor better than the winner."""
-        return self.winner is not None and not self.pending and all(s in TUNED for s in self.statuses.values()) and not self.beaten_by
+        return (self.winner is not None and not self.pending and not self.pending_reruns and all(s in TUNED for s in self.statuses.values())
+                and not self.beaten_by)  # fmt: skip
+
+
+def rises_on_both_sides(space: SearchSpace, results: dict[Point, float], best: Point, axis: int, sides: tuple[int, int]) -> bool:
+    """Whether the surrogate's loss, along ``axis`` through ``best`` (its other settings held),
+    is higher at both of these indices than at the winner."""
+    line = [best, *((*best[:axis], index, *best[axis + 1 :]) for index in sides)]
+    at_winner, *others = posterior_mean(space, results, line)
+    return all(other > at_winner for other in others)
+
+
+def tuning_from_seeds(search: Search, tuning_seeds: list[int], by_point: dict[Point, dict[int, float]]) -> Tuning:
+    """A search from each point's losses by seed: a point counts once every tuning seed ran, at
+    their mean; its losses on the finalist seeds are its reruns."""
+    results = {p: sum(v[s] for s in tuning_seeds) / len(tuning_seeds) for p, v in by_point.items() if set(tuning_seeds) <= set(v)}
+    reruns = {p: {s: v[s] for s in search.finalist_seeds if s in v} for p, v in by_point.items()}
+    return Tuning(search, results, {p: r for p, r in reruns.items() if r})

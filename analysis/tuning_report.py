@@ -2,7 +2,7 @@
 
 Each arm's tuning runs (``study.phase=tune``, finished) are placed on its search space by
 their overrides; a point counts once every tuning seed finished, at the mean of ``select``
-over them. The search's own rules (``analysis/tuner.py``) then name the winner, the status
+over them, and its runs on the finalist seeds are kept per seed. The search's own rules (``analysis/tuner.py``) then name the winner, the status
 of each dimension and the anchors that beat it, so the report and the sweeper can never
 disagree on them.
 """
@@ -19,7 +19,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 from analysis.runs import Run  # noqa: E402
 from analysis.search_space import Choice, Range, describe  # noqa: E402
 from analysis.study import StudySpec  # noqa: E402
-from analysis.tuner import Tuning  # noqa: E402
+from analysis.tuner import Tuning, tuning_from_seeds  # noqa: E402
 
 
 def tunings(spec: StudySpec, runs: list[Run], select: str = "val/loss") -> dict[tuple[str, str], Tuning]:
@@ -35,12 +35,8 @@ def tunings(spec: StudySpec, runs: list[Run], select: str = "val/loss") -> dict[
             search = by_search.setdefault((run.arm, crossed_with(run, spec)), {})
             search.setdefault(point, {})[run.seed] = value
     labels = distinct_crossings([crossing for _, crossing in by_search])
-    found = {}
-    for (arm, crossing), by_point in by_search.items():
-        results = {p: sum(v[s] for s in spec.tuning_seeds) / len(spec.tuning_seeds)
-                   for p, v in by_point.items() if set(spec.tuning_seeds) <= set(v)}  # fmt: skip
-        found[(arm, labels[crossing])] = Tuning(spec.searches[arm], results)
-    return found
+    return {(arm, labels[crossing]): tuning_from_seeds(spec.searches[arm], spec.tuning_seeds, by_point)
+            for (arm, crossing), by_point in by_search.items()}  # fmt: skip
 
 
 def crossed_with(run: Run, spec: StudySpec) -> tuple[str, ...]:
@@ -58,25 +54,34 @@ def distinct_crossings(crossings: list[tuple[str, ...]]) -> dict[tuple[str, ...]
 
 
 def tuning_table(found: dict[tuple[str, str], Tuning]) -> str:
-    """Per search: the searcher and points run, the winner's settings and loss, each
-    dimension's status, the anchors' losses and the verdict of the regret check."""
-    lines = ["| arm | searcher | points run | winner | tuning loss | dimensions | anchors | tuned |", "|---|---|---|---|---|---|---|---|"]
+    """Per search: the searcher and points run, the winner's settings and loss (its mean over
+    every seed it ran), each dimension's status, the anchors against the winner and the
+    verdict of the regret check."""
+    lines = ["| arm | searcher | points run | winner | winner's loss | dimensions | anchors (loss; winner minus anchor) | tuned |",
+             "|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for (name, crossing), tuning in found.items():
         arm, search = f"{name} {crossing}".strip(), tuning.search
-        budget = f" (budget {search.budget})" if search.budget is not None else ""
+        budget = f" (budget {search.budget}" + (f", {search.finalists} finalists on seeds {', '.join(map(str, search.finalist_seeds))}"
+                                               if search.finalists else "") + ")" if search.budget is not None else ""  # fmt: skip
         if tuning.winner is None:
             lines.append(f"| {arm} | {search.searcher}{budget} | {len(tuning.results)} | - | - | not run | - | no |")
             continue
         settings = ", ".join(f"{k}={v}" for k, v in tuning.space.labels(tuning.winner).items()) or "(nothing searched)"
         statuses = ", ".join(f"{k.split('.')[-1]}: {s}" for k, s in tuning.statuses.items()) or "-"
-        loss = tuning.results.get(tuning.winner)
-        anchors = "; ".join(f"{_short(tuning, a)}: {tuning.results[a]:.4f}" if a in tuning.results else f"{_short(tuning, a)}: not run"
-                            for a in search.anchors) or "-"  # fmt: skip
-        lines.append(f"| {arm} | {search.searcher}{budget} | {len(tuning.results)} | {settings} | {'-' if loss is None else f'{loss:.4f}'}"
-                     f" | {statuses} | {anchors} | {_tuned(tuning)} |")  # fmt: skip
+        seeds = len(tuning.losses(tuning.winner))
+        loss = f"{tuning.mean(tuning.winner):.4f}" + (f" ({seeds} seeds)" if seeds > 1 else "") if tuning.winner in tuning.results else "-"
+        anchors = "; ".join(_anchor(tuning, a) for a in search.anchors) or "-"
+        lines.append(f"| {arm} | {search.searcher}{budget} | {len(tuning.results)} | {settings} | {loss} | {statuses} | {anchors} | {_tuned(tuning)} |")
     spaces = {name: tuning.space for (name, _), tuning in found.items() if tuning.space.dimensions}
     lines.append("\nFirst grids: " + "; ".join(f"{name}: {', '.join(map(describe, space.dimensions))}" for name, space in spaces.items()))
     return "\n".join(lines)
+
+
+def _anchor(tuning: Tuning, anchor: tuple[int, ...]) -> str:
+    if anchor not in tuning.results:
+        return f"{_short(tuning, anchor)}: not run"
+    regret = tuning.regret(anchor)
+    return f"{_short(tuning, anchor)}: {tuning.mean(anchor):.4f}; {regret.text(0.025) if regret else '-'}"
 
 
 def _short(tuning: Tuning, point: tuple[int, ...]) -> str:
@@ -87,11 +92,10 @@ def _tuned(tuning: Tuning) -> str:
     """yes, or why not: points left, a dimension not bracketed, an anchor that beat the winner."""
     if tuning.tuned:
         return "yes"
-    if tuning.pending:
-        return f"no: {len(tuning.pending)} point(s) to run"
+    if tuning.pending or tuning.pending_reruns:
+        return f"no: {len(tuning.pending) + len(tuning.pending_reruns)} run(s) to go"
     if tuning.beaten_by:
-        best = min(loss for _, loss in tuning.beaten_by)
-        return f"no: an anchor beat the winner by {tuning.results[tuning.winner] - best:.4f}"
+        return f"no: an anchor beat the winner by {max(excess for _, excess in tuning.beaten_by):.4f}"
     return "no: not bracketed"
 
 

@@ -48,13 +48,12 @@ class Surface:
     def true_loss(self, point: Point) -> float:
         return self.loss(self.search.space.labels(point))
 
-    def optimum(self) -> float:
+    def optimum_point(self) -> Point:
         """The grid optimum over the whole span (brute force)."""
-        spans = [d.span for d in self.search.space.dimensions]
-        best = math.inf
-        for point in _product(spans):
-            best = min(best, self.true_loss(point))
-        return best
+        return min(_product([d.span for d in self.search.space.dimensions]), key=self.true_loss)
+
+    def optimum(self) -> float:
+        return self.true_loss(self.optimum_point())
 
 
 def _product(spans: list[range]):
@@ -135,7 +134,8 @@ def lr_batch_search(searcher: str) -> Search:
     dimensions = parse_search({"optimizer.lr": {"low": 4e-3, "high": 1.6e-2, "scale": "log", "step": 2, "min": 1e-3, "max": 6.4e-2},
                                "batch.global_batch_size": {"low": 32, "high": 128, "scale": "log", "step": 2, "min": 4, "max": 256}},
                               "lr x batch")  # fmt: skip
-    return Search(SearchSpace(tuple(dimensions.values())), searcher, LR_BATCH_BUDGET)
+    diloco = diloco_search()  # the same finalists as the DiLoCo study's
+    return Search(SearchSpace(tuple(dimensions.values())), searcher, LR_BATCH_BUDGET, finalists=diloco.finalists, finalist_seeds=diloco.finalist_seeds)
 
 
 def surfaces(searcher: str, seed: int) -> list[Surface]:
@@ -148,29 +148,45 @@ def surfaces(searcher: str, seed: int) -> list[Surface]:
 @dataclass(frozen=True)
 class Trace:
     """A search against a surface: after each round, the runs so far, the best true loss
-    among the points run, and the true loss of the point the searcher would pick."""
+    among the points run, and the true loss of the point the searcher would pick; and every
+    point's observed (noisy) loss, in the order they ran."""
 
     rounds: list[tuple[int, float, float]]
+    observed: dict[Point, float]
 
     def runs_to_reach(self, target: float) -> int | None:
         """The runs after which a point within ``target`` had run (None: never)."""
         return next((runs for runs, best, _ in self.rounds if best <= target + 1e-12), None)
 
     def winner_at(self, runs: int) -> float:
-        """The true loss of the winner after the last round that ended within ``runs``."""
+        """The true loss of the best observed point after the last round that ended within ``runs``."""
         return [winner for done, _, winner in self.rounds if done <= runs][-1]
 
 
 def run_search(surface: Surface, noise_seed: int) -> Trace:
-    """The search to its end, each point evaluated once with seeded noise."""
+    """The search to its end, each point evaluated once with seeded noise (no finalists: the
+    search's own rounds, whose first ``budget`` points are those of a search with that budget)."""
     noise = random.Random(noise_seed)
+    search = replace(surface.search, finalists=0)
     results: dict[Point, float] = {}
     rounds = []
-    while pending := Tuning(surface.search, dict(results)).pending:
+    while pending := Tuning(search, dict(results)).pending:
         for point in pending:
             results[point] = surface.true_loss(point) + noise.gauss(0.0, NOISE)
-        winner = Tuning(surface.search, dict(results)).winner  # None while only anchors ran
+        winner = Tuning(search, dict(results)).winner  # None while only anchors ran
         rounds.append((len(results), min(surface.true_loss(p) for p in results), math.inf if winner is None else surface.true_loss(winner)))
-    return Trace(rounds)
+    return Trace(rounds, results)
 
 
+def finished_at(surface: Surface, trace: Trace, budget: int, noise_seed: int) -> Tuning:
+    """The search as it ends with ``budget`` points: its finalists and anchors run again on the
+    finalist seeds (each run with fresh seeded noise) where the search has finalists."""
+    search = replace(surface.search, budget=budget)
+    results = dict(list(trace.observed.items())[:budget])
+    noise, reruns = random.Random(noise_seed + 1_000_000), {}
+    tuning = Tuning(search, results)
+    while tuning.pending_reruns:
+        for point, seed in tuning.pending_reruns:
+            reruns.setdefault(point, {})[seed] = surface.true_loss(point) + noise.gauss(0.0, NOISE)
+        tuning = Tuning(search, results, {p: dict(r) for p, r in reruns.items()})
+    return tuning

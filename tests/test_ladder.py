@@ -102,11 +102,11 @@ def test_the_prediction_interval_holds_the_other_forms_the_refits_and_the_seed_n
 def test_the_trend_slope_and_interval_equal_scipys_regression_on_per_size_means() -> None:
     scatter = dict(zip(N, (0.001, -0.0015, 0.0005, 0.002, -0.001)))
     points = [TrendPoint(n, s, 0.05 - 0.01 * math.log10(n) + scatter[n] + 0.002 * s) for n in N for s in (2, 3)]
-    interval = slope(points)
+    estimate = slope(points)
     means = [np.mean([p.difference for p in points if p.n_params == n]) for n in N]
     fit = stats.linregress(np.log10(N), means)  # 5 sizes: 3 degrees of freedom, not the 8 of 10 points
     half = stats.t.ppf(0.975, len(N) - 2) * fit.stderr
-    assert (interval.value, interval.low, interval.high) == pytest.approx((fit.slope, fit.slope - half, fit.slope + half), rel=1e-3)
+    assert (estimate.value, *estimate.bounds(0.025)) == pytest.approx((fit.slope, fit.slope - half, fit.slope + half), rel=1e-3)
     preset = OmegaConf.load(REPO / "conf" / "sweep" / "scaling_ladder.yaml")
     spec = StudySpec.from_config(OmegaConf.to_container(preset.study))
     assert judge_trend(spec.claims[0], points).verdict == "holds"  # the gap falls by 0.01 nats per decade
@@ -115,10 +115,10 @@ def test_the_trend_slope_and_interval_equal_scipys_regression_on_per_size_means(
     assert judge_trend(spec.claims[0], []).verdict == "not run"
 
 
-def test_a_trend_claim_needs_a_slope_condition() -> None:
-    with pytest.raises(ConfigError, match="slope_at_most / slope_at_least go with trend: params"):
+def test_a_trend_claim_tests_a_slope_not_a_ratio() -> None:
+    with pytest.raises(ConfigError, match="a trend claim tests a slope; drop the ratio_ prefix"):
         StudySpec.from_config({"arms": {"a": [], "b": []}, "seeds": [1, 2],
-                               "claims": [{"arm": "a", "baseline": "b", "trend": "params", "expect": {"val/loss": {"difference_at_most": 0}}}]})  # fmt: skip
+                               "claims": [{"arm": "a", "baseline": "b", "trend": "params", "expect": {"val/loss": {"ratio_lower_than": 1}}}]})  # fmt: skip
 
 
 def write_run(folder: Path, model: str, arm: str, seed: int, loss: float) -> None:

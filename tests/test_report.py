@@ -149,7 +149,7 @@ def test_a_study_whose_preset_gained_an_arm_is_judged_by_its_newest_block(tmp_pa
     names b as an arm and judges the claim (it reads the last job's study block)."""
     old = {"arms": {"a": ["x=1"]}, "seeds": [1]}
     new = {"arms": {"a": ["x=1"], "b": ["x=2"]}, "seeds": [1],
-           "claims": [{"arm": "b", "baseline": "a", "expect": {"val/loss": {"difference_at_most": 0.0}}}]}  # fmt: skip
+           "claims": [{"arm": "b", "baseline": "a", "expect": {"val/loss": {"lower_than": 0.0}}}]}  # fmt: skip
     for job, (arm, seed, block) in enumerate([("a", 1, old), ("a", 2, old), ("b", 1, new)]):
         folder = tmp_path / "sweep" / str(job)
         write_run(folder, "step,val/loss", [f"1,{2.0 + job}"], [f"x={1 + (arm == 'b')}", f"study.arm={arm}", f"seed={seed}"])

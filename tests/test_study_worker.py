@@ -20,7 +20,7 @@ from launch.sweep_jobs import LOCK, MARKER, lock_is_live
 SPEC = {"searcher": "gp", "budget": 4, "round_size": 2, "tuning_seeds": [1], "seeds": [2, 3],
         "search": {"optimizer.lr": {"low": 1e-3, "high": 4e-3, "scale": "log", "step": 2, "min": 2.5e-4, "max": 3.2e-2}},
         "arms": {"base": [], "other": ["optimizer.beta2=0.95"]},
-        "claims": [{"arm": "other", "baseline": "base", "expect": {"val/loss": {"difference_at_most": 0.01}}}]}  # fmt: skip
+        "claims": [{"arm": "other", "baseline": "base", "expect": {"val/loss": {"no_worse_than": 0.01}}}]}  # fmt: skip
 
 # The other worker: holds its job until told to go on, then finishes it as train.py does (its
 # marker written, then its lock released). Not told within 20 s, it lets the job go
