@@ -44,6 +44,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from analysis.search_record import ANCHOR, OWN, REPEAT, Round, SearchRecord
 from analysis.search_space import Choice, Point, SearchSpace
 
 SAMPLERS = ("gp", "tpe", "random")
@@ -104,8 +105,10 @@ def _params(point: Point) -> dict[str, int]:
 
 
 def replay(space: SearchSpace, sampler: str, seed: int, budget: int, round_size: int, anchors: tuple[Point, ...],
-           results: dict[Point, float]) -> Replay:  # fmt: skip
-    """The search's rounds replayed over ``results`` (point -> mean loss over the tuning seeds)."""
+           results: dict[Point, float], record: "SearchRecord | None" = None) -> Replay:  # fmt: skip
+    """The search's rounds replayed over ``results`` (point -> mean loss over the tuning seeds);
+    with a ``record`` (``analysis/search_record.py``) each round recorded there is taken as it
+    was asked, and each round asked here is recorded (unless a worker recorded it first)."""
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -113,24 +116,53 @@ def replay(space: SearchSpace, sampler: str, seed: int, budget: int, round_size:
     with _one_thread():
         state = _start(space, sampler, seed, round_size)
         while state["spent"] < budget:
+            k = len(told_rounds)
+            recorded = record.round(k) if record is not None else None
             # The budget shapes a round only through its size: searches of other budgets share rounds.
             size = min(max(round_size, len(anchors) if state["spent"] == 0 else 0), budget - state["spent"])
-            key = (repr(space), sampler, seed, size, round_size, anchors, told_rounds)
+            key = (repr(space), sampler, seed, size, round_size, anchors, told_rounds, "no record" if record is None else recorded)
             if key not in _ASKED:
-                _ASKED[key] = copy.deepcopy(_ask_round(state, space, budget, round_size, anchors))
+                fresh = copy.deepcopy(state)
+                _ASKED[key] = _force_round(fresh, space, recorded) if recorded is not None else _ask_round(fresh, space, budget, round_size, anchors)
                 while len(_ASKED) > CACHED_ROUNDS:
                     _ASKED.popitem(last=False)
-            state = copy.deepcopy(_ASKED[key])
-            batch = state["batch"]
+            asked = copy.deepcopy(_ASKED[key])
+            if record is not None and recorded is None and asked["entries"]:
+                entries = tuple(asked["entries"])
+                if record.add_round(k, entries, _distributions(space), asked["told"]) != entries:
+                    continue  # another worker recorded this round first: take theirs
+            state, batch = asked, asked["batch"]
             pending = [point for _, point in batch if point not in results]
             if pending or not batch:
                 return Replay(pending, frozenset(state["own"]))
+            told = []
             for number, point in batch:
-                state["study"].tell(number, _told_value(results[point], state["told"]))
+                value = _told_value(results[point], state["told"])
+                state["study"].tell(number, value)
                 state["told"][point] = results[point]
+                told.append((point, value, results[point]))
+            if record is not None:
+                record.tell(k, told)
             state["spent"] += len(batch)
             told_rounds += (tuple((point, results[point]) for _, point in batch),)
     return Replay([], frozenset(state["own"]))
+
+
+def _force_round(state: dict[str, Any], space: SearchSpace, recorded: "Round") -> dict[str, Any]:
+    """A recorded round re-asked as it was: each point enqueued in the recorded order, a repeat
+    told again at once, the searcher's own points marked as its own."""
+    study, distributions, batch = state["study"], _distributions(space), []
+    for point, kind in recorded:
+        study.enqueue_trial(_params(point))
+        trial = study.ask(distributions)
+        if kind == REPEAT:
+            study.tell(trial, _told_value(state["told"][point], state["told"]))
+        else:
+            batch.append((trial.number, point))
+        if kind != ANCHOR:
+            state["own"].add(point)
+    state["batch"], state["entries"] = batch, list(recorded)
+    return state
 
 
 def forget_asked_rounds() -> None:
@@ -143,37 +175,42 @@ def _start(space: SearchSpace, sampler: str, seed: int, round_size: int) -> dict
     import optuna
 
     study = optuna.create_study(direction="minimize", sampler=_sampler(sampler, seed, round_size))
-    return {"study": study, "told": {}, "own": set(), "spent": 0, "draws": random.Random(seed), "batch": []}
+    return {"study": study, "told": {}, "own": set(), "spent": 0, "draws": random.Random(seed), "batch": [], "entries": []}
 
 
 def _ask_round(state: dict[str, Any], space: SearchSpace, budget: int, round_size: int, anchors: tuple[Point, ...]) -> dict[str, Any]:
     """The next round asked (the anchors first in the first round): ``state['batch']`` holds
-    each point with its trial's number."""
+    each point with its trial's number, ``state['entries']`` every point asked with its kind
+    (what a record keeps)."""
     study, distributions, batch = state["study"], _distributions(space), []
+    state["entries"] = []
     for anchor in anchors if state["spent"] == 0 else ():
         study.enqueue_trial(_params(anchor))
         batch.append((study.ask(distributions), anchor))
+        state["entries"].append((anchor, ANCHOR))
     size = min(max(round_size, len(batch)), budget - state["spent"])
     while len(batch) < size:
-        found = _ask(study, distributions, state["told"], {p for _, p in batch}, state["own"], space, state["draws"])
+        found = _ask(study, distributions, state, {p for _, p in batch}, space)
         if found is None:
             break  # every point of the space has run
         batch.append(found)
+        state["entries"].append((found[1], OWN))
     state["batch"] = [(trial.number, point) for trial, point in batch]
     return state
 
 
-def _ask(study, distributions: dict, told: dict[Point, float], open_points: set[Point], own: set[Point],
-         space: SearchSpace, draws: random.Random):  # fmt: skip
+def _ask(study, distributions: dict, state: dict[str, Any], open_points: set[Point], space: SearchSpace):
     """The sampler's next new point (repeats told or refused on the way), or a random unrun one."""
     from optuna.trial import TrialState
 
+    told, own = state["told"], state["own"]
     for _ in range(MAX_REPEATS):
         trial = study.ask(distributions)
         point = tuple(trial.params[f"x{axis}"] for axis in range(len(space.dimensions)))
         if point in told:
             study.tell(trial, _told_value(told[point], told))
             own.add(point)
+            state["entries"].append((point, REPEAT))
         elif point in open_points:
             study.tell(trial, state=TrialState.FAIL)
         else:
@@ -181,7 +218,7 @@ def _ask(study, distributions: dict, told: dict[Point, float], open_points: set[
             return trial, point
     spans = [d.span for d in space.dimensions]
     for _ in range(MAX_DRAWS):
-        point = tuple(draws.choice(span) for span in spans)
+        point = tuple(state["draws"].choice(span) for span in spans)
         if point not in told and point not in open_points:
             study.enqueue_trial(_params(point))
             own.add(point)

@@ -159,6 +159,8 @@ class StudySpec:
     tokens_per_parameter: float | None = None
     #: A ladder's size (``model`` preset) whose searched settings are extrapolated, not searched.
     held_out: str | None = None
+    #: Where the searches' record is kept (``analysis/search_record.py``): None, the sweep folder's journal.
+    storage: str | None = None
 
     @property
     def tuned(self) -> bool:
@@ -217,9 +219,13 @@ class StudySpec:
         if per_parameter is not None and (isinstance(per_parameter, bool) or not isinstance(per_parameter, int | float) or per_parameter <= 0):
             raise ConfigError(f"study.tokens_per_parameter={per_parameter!r} must be a number > 0 (or null: the config's token_budget).")
         held_out = _held_out(node.get("held_out"), {name: search.space for name, search in searches.items()})
+        storage = node.get("storage")
+        if storage is not None and (not isinstance(storage, str) or not storage or not searches):
+            raise ConfigError(f"study.storage={storage!r} must be a journal file path or a storage URL (sqlite:///study.db), in a study"
+                              " with a search; or null for the sweep folder's journal.")  # fmt: skip
         return cls(arms=overrides, seeds=seeds, claims=claims, columns=columns, tuning_seeds=tuning_seeds, searches=searches,
                    tokens_per_parameter=per_parameter, held_out=held_out, max_seeds=max_seeds,
-                   error_control=error_control, looks=looks)  # fmt: skip
+                   error_control=error_control, looks=looks, storage=storage)  # fmt: skip
 
 
 #: Settings of an arm's search, given for the whole study or per arm (the arm's wins).

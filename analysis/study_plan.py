@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 
 from analysis.claim_tests import Spread
 from analysis.looks import judge_in_looks
+from analysis.search_record import SearchRecord, search_name
 from analysis.search_space import Point
 from analysis.study import StudySpec
 from analysis.tuner import Tuning, tuning_from_seeds
@@ -60,6 +61,8 @@ class StudyPlan:
     sizes: list[int] | None = None  # every base's parameter count (a ladder's)
     #: The final metrics of each finished job.
     finished: dict[TunedJob, dict[str, float]] = field(default_factory=dict)
+    #: Each search's record, where the study keeps one (``analysis/search_record.py``).
+    records: dict[tuple[int, str], SearchRecord] = field(default_factory=dict)
 
     @property
     def select(self) -> str:
@@ -80,7 +83,11 @@ class StudyPlan:
         for job, metrics in self.finished.items():
             if job.phase == TUNE and (job.base, job.arm) == (base, arm):
                 by_point[job.point][job.seed] = float(metrics.get(self.select, math.nan))
-        return tuning_from_seeds(search, self.spec.tuning_seeds, by_point)
+        return tuning_from_seeds(search, self.spec.tuning_seeds, by_point, self.records.get((base, arm)))
+
+    def search_name(self, base: int, arm: str) -> str:
+        """A search's name in the record: its arm, and the values its base job sets, if any."""
+        return search_name(arm, self.bases[base][0])
 
     def next_round(self) -> list[TunedJob]:
         """The jobs to run next (those not finished yet); empty when the study is done."""

@@ -31,6 +31,7 @@ from functools import cached_property
 from analysis.claim_tests import Estimate, Spread, paired
 from analysis.coordinate_search import ALL_TRIED, AT_LIMIT, BRACKETED, NOT_BRACKETED, TUNED, incumbent, loss_key, own_points, proposals, status
 from analysis.model_search import SAMPLERS, replay
+from analysis.search_record import SearchRecord
 from analysis.search_space import Choice, Point, Range, SearchSpace
 from analysis.surrogate import posterior_mean
 
@@ -73,6 +74,8 @@ class Tuning:
     results: dict[Point, float]
     #: The finalists' and anchors' losses on each finalist seed.
     reruns: dict[Point, dict[int, float]] = field(default_factory=dict)
+    #: The search's record (``analysis/search_record.py``): its rounds are taken as recorded.
+    record: SearchRecord | None = field(default=None, compare=False)
 
     @property
     def space(self) -> SearchSpace:
@@ -86,7 +89,7 @@ class Tuning:
             if search.budget is not None:
                 pending = pending[: max(0, search.budget - len(results))]
             return pending, own_points(search.space, results, search.anchors)
-        found = replay(search.space, search.searcher, search.seed, search.budget, search.round_size, search.anchors, results)
+        found = replay(search.space, search.searcher, search.seed, search.budget, search.round_size, search.anchors, results, self.record)
         return found.pending, found.own
 
     @property
@@ -195,9 +198,9 @@ def rises_on_both_sides(space: SearchSpace, results: dict[Point, float], best: P
     return all(other > at_winner for other in others)
 
 
-def tuning_from_seeds(search: Search, tuning_seeds: list[int], by_point: dict[Point, dict[int, float]]) -> Tuning:
+def tuning_from_seeds(search: Search, tuning_seeds: list[int], by_point: dict[Point, dict[int, float]], record: SearchRecord | None = None) -> Tuning:
     """A search from each point's losses by seed: a point counts once every tuning seed ran, at
     their mean; its losses on the finalist seeds are its reruns."""
     results = {p: sum(v[s] for s in tuning_seeds) / len(tuning_seeds) for p, v in by_point.items() if set(tuning_seeds) <= set(v)}
     reruns = {p: {s: v[s] for s in search.finalist_seeds if s in v} for p, v in by_point.items()}
-    return Tuning(search, results, {p: r for p, r in reruns.items() if r})
+    return Tuning(search, results, {p: r for p, r in reruns.items() if r}, record)

@@ -16,7 +16,9 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
+from analysis.model_search import SAMPLERS  # noqa: E402
 from analysis.runs import Run  # noqa: E402
+from analysis.search_record import JOURNAL, SearchRecord, fingerprint, open_storage, search_name, written_by_another  # noqa: E402
 from analysis.search_space import Choice, Range, describe  # noqa: E402
 from analysis.study import StudySpec  # noqa: E402
 from analysis.tuner import Tuning, tuning_from_seeds  # noqa: E402
@@ -35,8 +37,29 @@ def tunings(spec: StudySpec, runs: list[Run], select: str = "val/loss") -> dict[
             search = by_search.setdefault((run.arm, crossed_with(run, spec)), {})
             search.setdefault(point, {})[run.seed] = value
     labels = distinct_crossings([crossing for _, crossing in by_search])
-    return {(arm, labels[crossing]): tuning_from_seeds(spec.searches[arm], spec.tuning_seeds, by_point)
+    records = _records(spec, runs, [(arm, crossing) for arm, crossing in by_search])
+    return {(arm, labels[crossing]): tuning_from_seeds(spec.searches[arm], spec.tuning_seeds, by_point, records.get((arm, crossing)))
             for (arm, crossing), by_point in by_search.items()}  # fmt: skip
+
+
+def _records(spec: StudySpec, runs: list[Run], searches: list[tuple[str, tuple[str, ...]]]) -> dict:
+    """Each joint search's record, read-only, where the runs' sweep folder keeps one (the
+    report then reads the rounds as they were asked; a study record elsewhere, ``study.storage``,
+    is read from there)."""
+    folders = {run.path.parent for run in runs if (run.path.parent / JOURNAL).is_file()}
+    if not folders and spec.storage is None:
+        return {}
+    storage = open_storage(spec.storage, next(iter(sorted(folders)))) if spec.storage or folders else None
+    found = {}
+    for arm, crossing in searches:
+        search = spec.searches[arm]
+        name, print_ = search_name(arm, list(crossing)), fingerprint(search.space, search.searcher, search.seed, search.round_size, search.anchors)
+        if search.searcher in SAMPLERS and written_by_another(storage, name, print_) is None:
+            try:
+                found[(arm, crossing)] = SearchRecord(storage, name, print_, Path(), read_only=True)
+            except KeyError:  # no such search in the record
+                continue
+    return found
 
 
 def crossed_with(run: Run, spec: StudySpec) -> tuple[str, ...]:

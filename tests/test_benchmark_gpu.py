@@ -23,8 +23,9 @@ IMAGE_LACKS = {"hydra-core", "omegaconf", "antlr4-python3-runtime", "datasets", 
 # The image's packages that the project or a pinned wheel requires.
 IMAGE_HAS = {"torch", "triton", "lightning", "tokenizers", "safetensors", "numpy", "matplotlib", "transformers",
              "filelock", "fsspec", "huggingface-hub", "packaging", "pandas", "pyarrow", "pyyaml", "tqdm", "xxhash"}  # fmt: skip
-#: The benchmark logs to memory, never to W&B, and runs no tuned study (whose searcher imports optuna).
-NOT_NEEDED = {"wandb", "optuna"}
+#: The benchmark logs to memory, never to W&B, and runs no study (whose searcher imports optuna,
+#: and whose claims' tests and searcher scipy).
+NOT_NEEDED = {"wandb", "optuna", "scipy"}
 
 
 def normalized(name: str) -> str:

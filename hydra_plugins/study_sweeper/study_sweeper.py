@@ -42,7 +42,9 @@ from hydra.core.override_parser.types import Override
 from hydra.core.utils import JobReturn
 from omegaconf import OmegaConf
 
+from analysis.model_search import SAMPLERS
 from analysis.runs import recorded_overrides
+from analysis.search_record import JOURNAL, LOCK as RECORD_LOCK, SearchRecord, check_record, fingerprint, open_storage
 from analysis.study import StudySpec
 from analysis.study_plan import StudyPlan, TunedJob
 from common.errors import ConfigError
@@ -130,9 +132,25 @@ class StudySweeper(BasicSweeper):
         self._check_search(study)
         sweep_dir = Path(self.config.hydra.sweep.dir)
         self._check_seed_cap(spec, sweep_dir)
+        searches = self._record_names(study)
+        storage = open_storage(spec.storage, sweep_dir) if spec.storage or (sweep_dir / JOURNAL).is_file() else None
+        for name, print_ in searches.values() if storage is not None else ():
+            check_record(storage, name, print_)  # before the sweep folder exists
         sweep_dir.mkdir(parents=True, exist_ok=True)
+        storage = storage or (open_storage(None, sweep_dir) if searches else None)
+        study.records = {key: SearchRecord(storage, name, print_, sweep_dir / RECORD_LOCK) for key, (name, print_) in searches.items()}
         OmegaConf.save(self.config, sweep_dir / "multirun.yaml")
         return run_rounds(study, sweep_dir, self._launch, partial(self._predict_held_out, study, sweep_dir))
+
+    @staticmethod
+    def _record_names(study: StudyPlan) -> dict[tuple[int, str], tuple[str, str]]:
+        """Each joint search's name and settings in the record (the coordinate rule needs none)."""
+        found = {}
+        for base, arm in study.searches:
+            search = study.spec.searches[arm]
+            if search.searcher in SAMPLERS and search.space.dimensions:
+                found[(base, arm)] = (study.search_name(base, arm), fingerprint(search.space, search.searcher, search.seed, search.round_size, search.anchors))
+        return found
 
     def _launch(self, overrides: list[str], number: int) -> JobReturn:
         """Run one job in folder ``number`` (it passes itself by if another worker holds it)."""
