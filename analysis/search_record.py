@@ -27,10 +27,13 @@ import math
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from analysis.search_space import Point, SearchSpace
+from analysis.search_space import Point
 from common.errors import ConfigError
+
+if TYPE_CHECKING:
+    from analysis.tuner import Search
 
 JOURNAL = "optuna_journal.log"
 LOCK = "search_record.lock"
@@ -63,9 +66,10 @@ def search_name(arm: str, base: list[str]) -> str:
     return " ".join([arm, *sorted(base)])
 
 
-def fingerprint(space: SearchSpace, searcher: str, seed: int, round_size: int, anchors: tuple[Point, ...]) -> str:
-    """What a record must have been written with to be continued (the budget may grow)."""
-    return json.dumps({"space": repr(space), "searcher": searcher, "seed": seed, "round_size": round_size, "anchors": [list(a) for a in anchors]})
+def fingerprint(search: "Search") -> str:
+    """What a search's record must have been written with to be continued (the budget may grow)."""
+    return json.dumps({"space": repr(search.space), "searcher": search.searcher, "seed": search.seed, "round_size": search.round_size,
+                       "anchors": [list(a) for a in search.anchors]})  # fmt: skip
 
 
 def written_by_another(storage: Any, name: str, print_: str) -> str | None:

@@ -53,7 +53,7 @@ def spent(alpha: float, fraction: float, spending: str) -> float:
 def nominal_levels(alpha: float, fractions: tuple[float, ...], spending: str = DEFAULT_SPENDING) -> tuple[float, ...]:
     """Each look's nominal one-sided level for a test of overall level ``alpha``, the looks at
     these increasing information fractions."""
-    levels, boundaries, density, grid = [], [], None, None
+    levels, density, grid = [], None, None
     previous_t, previous_spent = 0.0, 0.0
     for t in fractions:
         t = min(t, 1.0)
@@ -70,7 +70,6 @@ def nominal_levels(alpha: float, fractions: tuple[float, ...], spending: str = D
             density = stats.norm.pdf(new_grid[:, None] - grid[None, :], scale=math.sqrt(step)) @ weights if step > 0 else density
             grid = new_grid if step > 0 else grid
         levels.append(float(1 - stats.norm.cdf(boundary / math.sqrt(t))) if math.isfinite(boundary) else 0.0)
-        boundaries.append(boundary)
         previous_t, previous_spent = max(previous_t, t), previous_spent + max(increment, 0.0)
     return tuple(levels)
 

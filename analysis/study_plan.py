@@ -11,10 +11,10 @@ The phases, each starting once the one before has nothing left:
    tuning seed, then its finalists and anchors on the finalist seeds;
 2. **judge**: each tuned arm's winner on the judging seeds (an arm whose search is not tuned,
    say an anchor beat its winner, is not judged). With ``study.seeds: {first: [...], max: N}``
-   more seeds follow in looks while a claim is unresolved (inconclusive or underpowered)
-   and fewer than N seeds ran: as many as the claim's spread says it needs to resolve its
-   margin (at least one, at most up to N), numbered on from the largest seed the study uses,
-   each look judged at its share of the tests' levels (``analysis/looks.py``);
+   more seeds follow while a claim is unresolved (inconclusive or underpowered), up to the
+   next planned look (``study.seeds.looks``, by default the cap N), numbered on from the
+   largest seed the study uses, each look judged at its share of the tests' levels
+   (``analysis/looks.py``);
 3. **held out**: a ladder's held-out size, at settings fitted over the other sizes' winners,
    on the first judging seeds.
 """

@@ -131,7 +131,7 @@ class Tuning:
         values = list(self.losses(point).values())
         return sum(values) / len(values) if values else math.nan
 
-    @property
+    @cached_property
     def winner(self) -> Point | None:
         """The finalist with the lowest mean over its seeds, the provisional best own point while
         the search runs (None before any ran; an arm that searches nothing has one setting)."""
@@ -140,7 +140,7 @@ class Tuning:
         candidates = self.finalists or tuple(self.own)
         return incumbent({p: self.mean(p) for p in candidates}) if candidates else None
 
-    @property
+    @cached_property
     def statuses(self) -> dict[str, str]:
         best = self.winner
         if best is None:

@@ -46,14 +46,14 @@ def _records(spec: StudySpec, runs: list[Run], searches: list[tuple[str, tuple[s
     """Each joint search's record, read-only, where the runs' sweep folder keeps one (the
     report then reads the rounds as they were asked; a study record elsewhere, ``study.storage``,
     is read from there)."""
-    folders = {run.path.parent for run in runs if (run.path.parent / JOURNAL).is_file()}
+    folders = sorted({run.path.parent for run in runs if (run.path.parent / JOURNAL).is_file()})
     if not folders and spec.storage is None:
         return {}
-    storage = open_storage(spec.storage, next(iter(sorted(folders)))) if spec.storage or folders else None
+    storage = open_storage(spec.storage, folders[0] if folders else Path("."))
     found = {}
     for arm, crossing in searches:
         search = spec.searches[arm]
-        name, print_ = search_name(arm, list(crossing)), fingerprint(search.space, search.searcher, search.seed, search.round_size, search.anchors)
+        name, print_ = search_name(arm, list(crossing)), fingerprint(search)
         if search.searcher in SAMPLERS and written_by_another(storage, name, print_) is None:
             try:
                 found[(arm, crossing)] = SearchRecord(storage, name, print_, Path(), read_only=True)

@@ -14,6 +14,7 @@ import analysis.model_search as model_search
 from analysis.model_search import forget_asked_rounds, replay
 from analysis.search_record import JOURNAL, LOCK, SearchRecord, fingerprint, open_storage
 from analysis.search_space import Range, SearchSpace
+from analysis.tuner import Search
 from common.errors import ConfigError
 
 SPACE = SearchSpace((Range("optimizer.lr", 1e-3, 4e-3, "log", 2, 2.5e-4, 3.2e-2), Range("technique.diloco.sync_every", 10, 90, "log", 3, 1, 300)))
@@ -28,7 +29,7 @@ def loss(point: tuple[int, ...]) -> float:
 
 def record(folder: Path, anchors: tuple = ANCHORS) -> SearchRecord:
     storage = open_storage(None, folder)
-    return SearchRecord(storage, "m1", fingerprint(SPACE, "tpe", 0, 4, anchors), folder / LOCK)
+    return SearchRecord(storage, "m1", fingerprint(Search(SPACE, "tpe", 12, 4, 0, anchors)), folder / LOCK)
 
 
 def run_rounds(rounds: int, results: dict, rec: SearchRecord | None) -> list[list[tuple[int, ...]]]:
@@ -51,9 +52,9 @@ def test_a_resume_with_other_numerics_continues_the_recorded_search(tmp_path: Pa
     with mock.patch.object(model_search, "_sampler", other):
         without = replay(**SETTINGS, results=dict(results)).pending
         resumed = replay(**SETTINGS, results=dict(results), record=record(tmp_path))
-    # Without the record the perturbed replay asks again points that never ran (the budget spent twice) ...
+    # Without the record, the perturbed replay asks for points that never ran: the budget would be spent twice.
     assert set(without) - set(results)
-    # ... with it, the finished rounds stand as recorded, the searcher's own points with them,
+    # With the record, the finished rounds stand as recorded, the searcher's own points with them,
     # and the next round is the third of the same search.
     assert {p for r in first_two for p in r} <= set(results) and resumed.pending and not set(resumed.pending) & set(results)
     assert (set(first_two[0]) | set(first_two[1])) - set(ANCHORS) <= resumed.own

@@ -149,7 +149,7 @@ class StudySweeper(BasicSweeper):
         for base, arm in study.searches:
             search = study.spec.searches[arm]
             if search.searcher in SAMPLERS and search.space.dimensions:
-                found[(base, arm)] = (study.search_name(base, arm), fingerprint(search.space, search.searcher, search.seed, search.round_size, search.anchors))
+                found[(base, arm)] = (study.search_name(base, arm), fingerprint(search))
         return found
 
     def _launch(self, overrides: list[str], number: int) -> JobReturn:
