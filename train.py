@@ -19,7 +19,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
 from launch.cli import fail, is_rank_zero, run_cli
-from common.errors import UserError
+from common.errors import STALE_WEIGHTS_EXIT, StaleWeights, UserError
 from launch.run_settings import RunSettings, check_config
 from launch.sweep_jobs import SweepJob, claim_folder, report_busy, report_resume, report_skip, report_stopped
 
@@ -54,6 +54,8 @@ def main(cfg: DictConfig) -> float | None:
         if is_rank_zero():
             remove_empty_run_folder(Path(cfg.paths.output_dir) / "runs")
         fail(str(error))
+    except StaleWeights as error:  # trained to the end, on weights that are not the run's
+        fail(str(error), STALE_WEIGHTS_EXIT)
 
 
 def train_and_report(cfg: DictConfig, settings: RunSettings, job: SweepJob | None = None) -> float | None:

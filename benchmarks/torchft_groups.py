@@ -85,6 +85,12 @@ def log_of(folder: Path) -> str:
     return path.read_text() if path.exists() else ""
 
 
+def last_own_line(log: str) -> str:
+    """A group log's last line written by the framework: torchft's Rust client logs from its own
+    thread (``... [INFO] [torchft::manager] ...``) and may land after the framework's last line."""
+    return [line for line in log.strip().splitlines() if "[torchft::" not in line][-1]
+
+
 def metric(folder: Path, key: str) -> list[float]:
     """A metric's values from a run's CSV log (``logger=csv``)."""
     with open(folder / "csv" / "metrics.csv") as file:

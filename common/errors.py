@@ -3,8 +3,13 @@
 A mistake in settings, data or a checkpoint raises a ``UserError`` whose message names
 the setting or file and says how to fix it. ``train.py`` (and the scripts) print it as
 one ``error:`` line on rank 0 and exit with code 2; any other exception is a bug in the
-code and keeps its traceback.
+code and keeps its traceback. A job that trained to its end on weights that are not its
+run's (``StaleWeights``) is no mistake of the user's but has no result to use: one line too,
+exit code 3.
 """
+
+#: The exit code of a job that ended on weights that are not its run's.
+STALE_WEIGHTS_EXIT = 3
 
 
 class UserError(Exception):
@@ -21,3 +26,8 @@ class DataError(UserError, ValueError):
 
 class CheckpointError(UserError, ValueError):
     """A checkpoint that is missing, unreadable or does not fit the configured run."""
+
+
+class StaleWeights(Exception):
+    """A job that trained to its end on weights that are not its run's final weights (a
+    fault-tolerant DiLoCo group whose last rounds were discarded); its checkpoints say so."""

@@ -23,6 +23,7 @@ from torch.utils.data import DataLoader
 from common.data_groups import DataGroups
 from data.batches import ChainedBatches, TrainBatches, ValidationBatches
 from data.config_checks import as_plain_dict, check_seq_len
+from data.content_digest import cached_digest
 from data.fingerprint import digest_json
 from data.mixture import MixtureOrder, mixture_entries
 from data.packing import PackedRows
@@ -134,6 +135,18 @@ class TextDataModule(L.LightningDataModule):
         """Identifies the tokens (corpus, tokenizer, val_fraction), not the packing nor a mixture's weights."""
         prints = {part.name: cache_fingerprint(part.source, self.tokenizer, self.val_fraction) for part in self.parts}
         return prints[None] if None in prints else digest_json(prints)
+
+    @property
+    def content_fingerprint(self) -> str:
+        """A digest of the tokens themselves, every source's training and validation splits
+        (``data/content_digest.py``): the same for byte-identical copies of a corpus at other
+        paths or times, which ``fingerprint`` tells apart. Needs ``setup()``; computed once per
+        cache and kept in the cache folder."""
+        prints = {}
+        for part in self.parts:
+            key = cache_fingerprint(part.source, self.tokenizer, self.val_fraction)
+            prints[part.name or ""] = cached_digest(self.cache_dir, key, self._splits(part.source))
+        return prints[""] if "" in prints else digest_json(prints)
 
     @property
     def source_names(self) -> list[str]:

@@ -22,6 +22,7 @@ from data.tokenizers import Tokenizer
 from common.errors import CheckpointError
 from lightning_modules.hf_interop import CheckpointContents, read_lightning_checkpoint
 from lightning_modules.llama import Llama
+from lightning_modules.training_state import WEIGHTS_NOTE
 
 DATA_SETTINGS = "datamodule_hyper_parameters"
 # Where a checkpoint keeps the training clock: "training_state", or "training_knobs" in older ones.
@@ -44,12 +45,14 @@ def load_checkpoint_for_evaluation(
     path: str | os.PathLike[str],
     device: str | torch.device = "cpu",
     cache_dir: str | os.PathLike[str] | None = None,
+    allow_stale: bool = False,
 ) -> EvaluationCheckpoint:
     """The model (in eval mode, on `device`), tokenizer and data settings of a `.ckpt` file or
     a sharded checkpoint folder. `cache_dir` replaces the settings' cache folder (where the
-    tokenizer of a `bpe` run and the evaluation tasks are kept), e.g. on another machine."""
+    tokenizer of a `bpe` run and the evaluation tasks are kept), e.g. on another machine;
+    `allow_stale` as in `read_checkpoint`."""
     path = Path(path)
-    contents = read_checkpoint(path)
+    contents = read_checkpoint(path, allow_stale)
     data_settings = _data_settings(contents.metadata, path)
     if cache_dir is not None:
         data_settings["cache_dir"] = str(cache_dir)
@@ -57,14 +60,20 @@ def load_checkpoint_for_evaluation(
     return EvaluationCheckpoint(path, model, tokenizer, data_settings, _clock(contents.metadata))
 
 
-def read_checkpoint(path: Path) -> CheckpointContents:
+def read_checkpoint(path: Path, allow_stale: bool = False) -> CheckpointContents:
     """The checkpoint's weights, config and other entries; a missing or foreign file is a
-    `CheckpointError` (one line for the user) rather than a traceback."""
+    `CheckpointError` (one line for the user) rather than a traceback, and so is one whose
+    weights are not its run's final weights (a DiLoCo replica group that ended behind its
+    peers: its ``weights_note``) unless `allow_stale`."""
     try:
-        return read_lightning_checkpoint(path)
+        contents = read_lightning_checkpoint(path)
     except (FileNotFoundError, KeyError) as error:
         reason = error.args[0] if error.args else error
         raise CheckpointError(f"{reason}; pass a checkpoint written by train.py (its checkpoints/ folder)") from error
+    note = contents.metadata.get(WEIGHTS_NOTE)
+    if note is not None and not allow_stale:
+        raise CheckpointError(f"{path} holds weights that are not its run's: {note}; pass --allow-stale-weights to use them anyway")
+    return contents
 
 
 def checkpoint_model(contents: CheckpointContents, device: str | torch.device = "cpu") -> Llama:

@@ -102,11 +102,11 @@ def closest_key(key: str, arguments: list[str]) -> str | None:
     return ".".join(parts)
 
 
-def fail(message: str) -> None:
-    """Print one line on rank 0 and exit with code 2 on every rank."""
+def fail(message: str, code: int = 2) -> None:
+    """Print one line on rank 0 and exit with ``code`` (a user mistake's: 2) on every rank."""
     if is_rank_zero():
         print(f"error: {message}", file=sys.stderr, flush=True)
-    sys.exit(2)
+    sys.exit(code)
 
 
 def exit_code(work: Callable[[], object]) -> int:

@@ -6,7 +6,10 @@ model and average it in silently. The groups therefore compare what every one of
 trains with: each key of the resolved config (``model.d_model``, ``optimizer.lr``, ``seed``,
 ...) with its value, less the keys that differ between groups by design (which group it is,
 where it writes, the lighthouse it asks, how it logs) and plus the tokens' own fingerprint,
-which the data module adds (``data.tokens``) since the same path can hold other files.
+which the data module adds (``data.tokens``, a digest of the token ids): the same path can
+hold other files, and identical copies of a corpus sit at other paths on other hosts, so
+the data's locations (``DATA_LOCATIONS``) are not compared, their content is. Settings left
+at ``auto`` are compared as each job resolves them (the DiLoCo callback adds them).
 A run may name more per-job keys in ``technique.diloco.torchft.per_group_keys`` (e.g. a
 callback of its own that writes to each group's folder); they must not change training.
 """
@@ -33,6 +36,9 @@ PER_JOB = (
 )
 #: Where a run names keys of its own that may differ between its jobs.
 MORE_PER_JOB = "technique.diloco.torchft.per_group_keys"
+#: Where the data are, which may differ between hosts: the jobs compare the tokens' content
+#: instead (``data/content_digest.py``). Key suffixes under ``data.`` (a mixture's sources too).
+DATA_LOCATIONS = (".source.paths", ".source.val_paths", "data.tokenizer.path")
 
 
 def shared_settings(cfg: DictConfig) -> tuple[tuple[str, str], ...]:
@@ -45,7 +51,8 @@ def shared_settings(cfg: DictConfig) -> tuple[tuple[str, str], ...]:
 
 
 def _per_job(key: str, per_job: tuple[str, ...]) -> bool:
-    return any(key == prefix or key.startswith(f"{prefix}.") for prefix in per_job)
+    located = key.startswith("data.") and key.endswith(DATA_LOCATIONS)
+    return located or any(key == prefix or key.startswith(f"{prefix}.") for prefix in per_job)
 
 
 def _flatten(node: Any, prefix: str, leaves: dict[str, str], per_job: tuple[str, ...]) -> None:

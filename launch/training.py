@@ -13,6 +13,7 @@ import torch
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from omegaconf import DictConfig
 
+from common.errors import StaleWeights
 from launch.builders import (
     build_callbacks,
     build_datamodule,
@@ -95,10 +96,13 @@ def train(cfg: DictConfig, settings: RunSettings) -> RunResult:
     metrics = {key: float(value) for key, value in trainer.callback_metrics.items()}
     finished = not (stopped or trainer.interrupted)
     clock = module.training_state.clock
+    note = module.training_state.weights_note
     if trainer.is_global_zero and "val/loss" in metrics:
         log.info(
             "%s at step %d after %s tokens: val/loss %.4f (nats per token); outputs in %s",
-            "finished" if finished else "stopped", clock.steps, f"{clock.tokens:,}", metrics["val/loss"],
-            trainer.default_root_dir,
+            "stopped" if not finished else "finished" if note is None else "ended behind the run", clock.steps,
+            f"{clock.tokens:,}", metrics["val/loss"], trainer.default_root_dir,
         )  # fmt: skip
+    if finished and note is not None:
+        raise StaleWeights(note)
     return RunResult(metrics, finished=finished)

@@ -40,7 +40,7 @@ from lightning_modules.parallelism import (
     data_parallel_mesh,
     set_gradient_sync,
 )
-from lightning_modules.training_state import TrainingState
+from lightning_modules.training_state import WEIGHTS_NOTE, TrainingState
 
 PROGRESS_BAR_KEYS = ("train/loss", "perf/tokens_per_sec", "train/global_batch_size", "train/seq_len", "diloco/round", "diloco/pseudo_grad_norm")
 log = logging.getLogger(__name__)
@@ -262,6 +262,7 @@ class LlamaLightningModule(L.LightningModule):
         # Every rank (of every data group) trains the same shapes: global tokens = local tokens x ranks.
         ranks = self.data_groups.data_parallel_size(self.trainer.world_size)
         state.clock.advance(state.global_batch.sequences_per_optimizer_step, self._step_tokens * ranks)
+        state.trained_tokens += self._step_tokens * self.trainer.world_size  # this job's ranks alone
         state.micro_batch_index = 0
         state.local_step_loss = self._step_loss / state.global_batch.accumulation
         state.step_loss = self.trainer.strategy.reduce(state.local_step_loss.clone(), reduce_op="mean")  # reduces in place
@@ -311,6 +312,8 @@ class LlamaLightningModule(L.LightningModule):
         """
         row = self.training_state.metrics.as_floats()
         row["train/tokens_seen"] = float(self.training_state.clock.tokens)
+        if self.data_groups.count > 1:  # other jobs train slices of the same steps: what this one trained
+            row["train/tokens_trained"] = float(self.training_state.trained_tokens)
         for logger in self.loggers:
             logger.log_metrics(row, step=self.training_state.clock.steps)
         shown = {key: row[key] for key in PROGRESS_BAR_KEYS if key in row}
@@ -367,6 +370,8 @@ class LlamaLightningModule(L.LightningModule):
         """
         checkpoint["training_state"] = self.training_state.state_dict()
         checkpoint["world_size"] = self.trainer.world_size
+        if self.training_state.weights_note is not None:
+            checkpoint[WEIGHTS_NOTE] = self.training_state.weights_note
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         """Continue the checkpoint's clock and batch; settings changed since are applied and logged.

@@ -13,6 +13,8 @@ What it holds:
   global step and the 1-based ``schedule_step`` that step-based schedules read, the
   ``token_budget``; ``move_clock`` sets it to another job's progress (a DiLoCo replica group
   healed by a peer) and the data stream follows it from the next micro-batch on;
+  ``trained_tokens``, the tokens this job's own processes trained on (the clock's tokens,
+  but for a fault-tolerant DiLoCo group, whose clock counts every group's and moves on a heal);
 - **the global batch** (``global_batch``): read its size and accumulation, change it with
   ``request_global_batch``;
 - **the training sequence length**: ``set_sequence_cutter`` installs how rows are cut
@@ -25,7 +27,10 @@ What it holds:
 - **metrics**: ``record_metric`` (values may stay on the device: they are read once, on
   logging steps), ``log_now`` to log a step off the usual interval;
 - **what is trained**: ``model``, ``optimizer``, ``model_config``, ``layout``, ``device``,
-  and ``gradient_group_size`` (the ranks whose gradients one optimizer step averages).
+  and ``gradient_group_size`` (the ranks whose gradients one optimizer step averages);
+- **how the run ended**: ``weights_note``, set by a technique whose job ends on weights
+  that are not the run's (a DiLoCo group left behind its peers): the checkpoints record it,
+  the scripts that read checkpoints refuse them, and ``train.py`` ends with it in one line.
 """
 
 from collections.abc import Callable
@@ -42,6 +47,8 @@ from lightning_modules.parallelism import LayoutConfig
 
 Batch = dict[str, torch.Tensor]
 SequenceCutter = Callable[[Batch], Batch]
+#: The checkpoint entry holding ``weights_note`` (what the scripts that read checkpoints check).
+WEIGHTS_NOTE = "weights_note"
 LRScaling = Callable[["TrainingState"], float]  # the state -> factor on the scheduled learning rate
 MetricValue = float | int | torch.Tensor
 
@@ -84,6 +91,7 @@ class TrainingState:
         log_every_n_steps: int,
     ) -> None:
         self.clock = TrainingClock()
+        self.trained_tokens = 0
         self.global_batch = global_batch
         self.token_budget = token_budget
         self.model_config = model_config
@@ -102,6 +110,7 @@ class TrainingState:
         self.stopping = False
         self.schedule_tokens = 0
         self.metrics = StepMetrics()
+        self.weights_note: str | None = None
         self._cut: SequenceCutter = keep_rows
         self._lr_scaling: LRScaling | None = None
         self._seek: Callable[[int], None] | None = None  # the data stream's, from the training module
@@ -197,9 +206,12 @@ class TrainingState:
             "clock": self.clock.state_dict(),
             "global_batch": self.global_batch.state_dict(),
             "schedule_tokens": self.schedule_tokens,
+            "trained_tokens": self.trained_tokens,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.clock.load_state_dict(state["clock"])
         self.global_batch.load_state_dict(state["global_batch"])
         self.schedule_tokens = state["schedule_tokens"]
+        # Checkpoints from before it was kept: the clock's count, which it equalled but in DiLoCo groups.
+        self.trained_tokens = state.get("trained_tokens", self.clock.tokens)

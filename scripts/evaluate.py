@@ -57,6 +57,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--cloze-k", type=positive_int, default=DEFAULT_K, help=f"{TASK_NAME}: number of items")
     parser.add_argument("--cloze-seed", type=int, default=0, help=f"{TASK_NAME}: seed choosing the items")
     parser.add_argument("--cache-dir", type=Path, default=None, help="data cache folder (default: the run's)")
+    parser.add_argument("--allow-stale-weights", action="store_true",
+                        help="evaluate a checkpoint whose weights are not its run's final ones (a DiLoCo group that ended behind)")  # fmt: skip
     return parser.parse_args(argv)
 
 
@@ -107,7 +109,7 @@ def evaluate_checkpoint(args: argparse.Namespace) -> None:
     names = task_names(args.tasks)
     if args.device == "cuda" and not torch.cuda.is_available():
         raise ConfigError("--device cuda, but no GPU is visible; use --device cpu")
-    checkpoint = load_checkpoint_for_evaluation(args.checkpoint, args.device, args.cache_dir)
+    checkpoint = load_checkpoint_for_evaluation(args.checkpoint, args.device, args.cache_dir, args.allow_stale_weights)
     max_length = args.max_length or checkpoint.data_settings["seq_len"]
     lm = LlamaLM(checkpoint.model, checkpoint.tokenizer, max_length=max_length, batch_size=args.batch_size)
     results = run_tasks(lm, [task_spec(name, checkpoint, args) for name in names], limit=args.limit)

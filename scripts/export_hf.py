@@ -44,11 +44,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="context length advertised in config.json (default: the training seq_len, else "
         f"{DEFAULT_MAX_POSITION_EMBEDDINGS}; rotary embeddings themselves have no limit)",
     )
+    parser.add_argument("--allow-stale-weights", action="store_true",
+                        help="export a checkpoint whose weights are not its run's final ones (a DiLoCo group that ended behind)")  # fmt: skip
     return parser.parse_args(argv)
 
 
 def export(args: argparse.Namespace) -> None:
-    contents = read_checkpoint(args.checkpoint)
+    contents = read_checkpoint(args.checkpoint, args.allow_stale_weights)
     data_settings = contents.metadata.get(DATA_SETTINGS)
     model = checkpoint_model(contents)
     tokenizer_ids = None

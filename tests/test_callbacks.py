@@ -25,6 +25,7 @@ def fake_trainer(batch_idx: int = 0):
 def end_step(state, tokens: int, stopping: bool = False, seq_len: int = 64) -> None:
     """What the training module does at the end of an optimizer step."""
     state.clock.advance(sequences=1, tokens=tokens)
+    state.trained_tokens += tokens  # one job: it trained every token the clock counts
     state.seq_len, state.stopping = seq_len, stopping
 
 
@@ -96,6 +97,21 @@ def test_throughput_is_tokens_over_time_between_logging_steps_and_skips_validati
     run_steps(callback, state, now, [(1.0, 3000, 64)])  # steps 3-4: 4000 tokens in 2 s
     assert state.metrics.values["perf/tokens_per_sec"] == pytest.approx(2000.0)
     assert state.metrics.values["perf/tokens_per_sec_per_device"] == pytest.approx(1000.0)
+
+
+def test_throughput_counts_the_tokens_this_job_trained_not_a_healed_clock(monkeypatch):
+    """A DiLoCo group healed by a peer ahead of it: its clock jumps by steps it never trained.
+    The rate since the warm-up is the 2000 tokens it trained in 2 s, not 11000."""
+    now = fake_clock(monkeypatch)
+    callback = Throughput(warmup_steps=1, peak_flops_per_device=None, include_embedding=False)
+    state = training_state(log_every_n_steps=3)
+    started(callback, state)
+    run_steps(callback, state, now, [(5.0, 1000, 64)])  # warm-up
+    run_steps(callback, state, now, [(1.0, 1000, 64)])
+    clock = state.clock.state_dict()
+    state.move_clock({**clock, "steps": clock["steps"] + 9, "tokens": clock["tokens"] + 9_000})  # step 12 next: logged
+    run_steps(callback, state, now, [(1.0, 1000, 64)])
+    assert state.metrics.values["perf/tokens_per_sec"] == pytest.approx(1000.0)
 
 
 def by_hand_flops_per_token(seq_len: int) -> int:

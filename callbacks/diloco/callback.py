@@ -36,9 +36,16 @@ workers sent for it), ``diloco/sync_seconds`` (the exchange and the outer step, 
 process), ``diloco/bytes_per_token`` and ``diloco/dp_bytes_per_token`` (all exchanges so
 far per token trained, against fp32 data parallelism over the same M workers); at logging
 steps ``diloco/replica_<r>_loss``. With torchft also ``diloco/groups`` (the groups whose
-rounds the sync averaged), ``diloco/discarded_rounds``, and, on a group that was healed,
-``diloco/rejoin_seconds`` and ``diloco/skipped_steps`` (global steps its clock jumped over
-when healed: its slice of them trained by no group).
+rounds the sync averaged), ``diloco/discarded_rounds`` (at each discard), and, on a group
+that was healed, ``diloco/rejoin_seconds`` and ``diloco/skipped_steps`` (global steps its
+clock jumped over when healed, this job's slice of which its model never trained; a group
+restarted without a checkpoint counts every step before it joined).
+
+How a torchft group ends: a group that committed the run's final round, or was healed into
+it, ends on the run's final weights. A group whose last rounds were discarded (left behind
+by its peers) ends on its last committed weights, which are not the run's: its checkpoints
+say so (``weights_note``, which the scripts that read checkpoints refuse) and the job ends
+with one line naming how many rounds it is behind, exit code 3.
 """
 
 import logging
@@ -66,6 +73,16 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
+def resolved_settings(state: TrainingState) -> dict[str, str]:
+    """The settings a group may leave at ``auto`` as this job resolved them (the device type,
+    Muon's iteration dtype), so that groups on a GPU and on a CPU are not taken as alike."""
+    resolved = {"trainer.accelerator": repr(state.device.type)}
+    dtypes = sorted({group["ns_dtype"] for group in state.optimizer.param_groups if "ns_dtype" in group})
+    if dtypes:
+        resolved["optimizer.ns_dtype"] = repr(",".join(dtypes))
+    return resolved
+
+
 class DiLoCo(StepCallback):
     """Runs the replicas and their outer loop (settings: ``DiLoCoSettings``)."""
 
@@ -85,6 +102,8 @@ class DiLoCo(StepCallback):
         self._groups_state: dict[str, int] | None = None  # its torchft step, from a checkpoint
         self._discarded = 0  # rounds this group's runs saw discarded before a resume
         self._skipped_steps = 0  # global steps this group's clock jumped over when healed
+        self._uncommitted = 0  # rounds discarded in a row since this group last committed or healed
+        self._pace_mark = (0.0, 0)  # time and global step of this group's last sync
         self._sync_seconds = 0.0
 
     # ------------------------------------------------------------------ build time
@@ -124,6 +143,7 @@ class DiLoCo(StepCallback):
         if self._loaded is not None:
             self._restore(self._loaded)
             self._loaded = None
+        self._pace_mark = (time.perf_counter(), state.global_steps)
         if self._groups is not None:
             fresh = state.clock.steps == 0  # a new run: every group starts together
             groups = self.settings.replicas if fresh else 1
@@ -134,10 +154,11 @@ class DiLoCo(StepCallback):
     def _join_groups(self, trainer: L.Trainer, state: TrainingState) -> "TorchftGroup":
         """This job's replica group in the torchft quorum, with what a live peer sends a
         group that rejoins (its DiLoCo state and clock) and what every group must agree on:
-        the run's shared settings and the tokens' fingerprint."""
+        the run's shared settings, its `auto` ones as resolved here, and the tokens' content."""
         from callbacks.diloco.torchft_group import TorchftGroup
 
-        agreed = {**self.shared, "data.tokens": trainer.datamodule.fingerprint}
+        agreed = {**self.shared, **resolved_settings(state), "data.tokens": trainer.datamodule.content_fingerprint,
+                  "data.vocab_size": repr(trainer.datamodule.vocab_size)}  # fmt: skip
         groups = TorchftGroup(
             self.settings.torchft,
             self.settings.torchft.quorum_size(self.settings.replicas),
@@ -164,8 +185,8 @@ class DiLoCo(StepCallback):
         self._restore(received["diloco"])
         behind = state.global_steps
         state.move_clock(received["clock"])  # the data follows: this group reads its slice of the peers' steps
-        if behind:  # a group started without a checkpoint cannot know what an earlier run of it trained
-            self._skipped_steps += state.global_steps - behind
+        self._skipped_steps += state.global_steps - behind  # from 0 for a group restarted without a checkpoint
+        self._uncommitted = 0
         self._load_run_counters(received["counters"])
 
     def _after_round(self, state: TrainingState, records: list[SyncRecord]) -> None:
@@ -182,6 +203,38 @@ class DiLoCo(StepCallback):
             state.log_now()
         if any(record.ends for record in records):
             state.stopping = True
+        elif state.stopping:
+            state.weights_note = self._behind_note()
+
+    def _behind_note(self) -> str:
+        """Why this group's final weights are not the run's: its final average was discarded."""
+        group, cause = self.settings.torchft.group, self._groups.discard_cause or "see the log"
+        return (f"replica group {group} ended {self._uncommitted} round(s) behind the run (its last rounds discarded:"
+                f" {cause}): its weights are its last committed ones, not the run's final weights; use the checkpoint"
+                " of a group that ended without this message")  # fmt: skip
+
+    def _count_discards(self, state: TrainingState, discarded: int) -> None:
+        """Say why each discarded round was, log the count at once, and warn of a stall."""
+        cause = self._groups.discard_cause if self._groups is not None else "a replica group failed during it"
+        state.record_metric("diloco/discarded_rounds", self._sync.discarded)
+        state.log_now()
+        warn_every = self.settings.torchft.warn_after_rounds
+        for _ in range(discarded):  # the last step's round and the final average may both be
+            log.info("round discarded at global step %d: %s", state.global_steps, cause)
+            self._uncommitted += 1
+            if self._uncommitted % warn_every == 0:
+                self._warn_stalled(cause)
+
+    def _warn_stalled(self, cause: str) -> None:
+        torchft, pace, peers = self.settings.torchft, self._groups.pace_s, self._groups.peer_pace_s
+        peer_pace = f"{peers:.2f} s" if peers is not None else "not known (no round shared with them yet)"
+        log.warning(
+            "replica group %d has committed none of its last %d round(s) (%s): it takes %.2f s per global step, its peers %s;"
+            " a group that asks for a quorum more than the lighthouse's --join_timeout_ms after the others is left out"
+            " of their round, a round commits only with min_groups=%d groups, and a heal's transfer has timeout_s=%g s",
+            torchft.group, self._uncommitted, cause, pace, peer_pace, torchft.quorum_size(self.settings.replicas),
+            torchft.timeout_s,
+        )  # fmt: skip
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if self._groups is not None:
@@ -207,18 +260,23 @@ class DiLoCo(StepCallback):
             return
         self.dp_bytes += self._dp_bytes_per_step
         discarded, started = self._sync.discarded, time.perf_counter()
+        if self._groups is not None:
+            self._groups.pace_s = (started - self._pace_mark[0]) / max(state.global_steps - self._pace_mark[1], 1)
         records = self._sync.after_global_step(state.global_steps, ending=state.stopping)
         if state.stopping:
             records += self._sync.finish()
         self._sync_seconds = time.perf_counter() - started
+        if records or self._sync.discarded > discarded:
+            self._pace_mark = (time.perf_counter(), state.global_steps)
+        if records:
+            self._uncommitted = 0
+        if self._sync.discarded > discarded:
+            self._count_discards(state, self._sync.discarded - discarded)
         if self._groups is not None:
             self._after_round(state, records)
         else:
             for record in records:
                 self._log_sync(state, record)
-        if self._sync.discarded > discarded:
-            log.info("round discarded at global step %d: a replica group failed during it", state.global_steps)
-            state.record_metric("diloco/discarded_rounds", self._sync.discarded)
         if state.is_logging_step:
             self._record_losses(state)
 

@@ -39,6 +39,8 @@ class TorchftSettings:
         machine; else this machine's hostname).
     min_groups: groups a round needs to commit (null: a majority of M, so that two quorums
         that do not share a group can never both commit a round).
+    warn_after_rounds: a group that has committed none of this many rounds in a row says
+        so, with its pace against its peers' (and again after as many more).
     per_group_keys: config keys, beyond the built-in per-group ones, that may differ
         between the groups (``launch/shared_settings.py``); they must not change training.
     """
@@ -49,6 +51,7 @@ class TorchftSettings:
     quorum_timeout_s: float
     host: str | None
     min_groups: int | None
+    warn_after_rounds: int
     per_group_keys: list[str]
 
     def address(self) -> str:
@@ -233,6 +236,8 @@ class DiLoCoSettings(TechniqueSettings):
             raise ConfigError(f"{self.key}.backend=torchft needs the torchft package: {TORCHFT_INSTALL}")
         if not 0 <= self.torchft.group < self.replicas:
             raise ConfigError(f"{key}.group={self.torchft.group} must be in [0, replicas={self.replicas}).")
+        if self.torchft.warn_after_rounds < 1:
+            raise ConfigError(f"{key}.warn_after_rounds={self.torchft.warn_after_rounds} must be >= 1.")
         if self.torchft.min_groups is not None and not 1 <= self.torchft.min_groups <= self.replicas:
             raise ConfigError(
                 f"{key}.min_groups={self.torchft.min_groups} must be in [1, replicas={self.replicas}]"

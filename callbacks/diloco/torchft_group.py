@@ -25,10 +25,19 @@ groups that contributed one; the average is the sum over that count.
 - **A group joining the run** (the job's start) takes part in the round the others are
   syncing without contributing; in a new run every group joins at once and nothing moves.
 - **Groups of other settings** are caught at the first quorum they share, before a step is
-  taken: each averages a fingerprint of the settings that must agree (the resolved run config
-  less its per-group keys, and the tokens' fingerprint: ``launch/shared_settings.py``); where
-  it differs from the average, the groups exchange the settings themselves and every group
-  stops with one line naming the first key that differs and both values.
+  taken and before a heal's state is loaded: each shows the others a fingerprint of the
+  settings that must agree (the resolved run config less its per-group keys, the `auto`
+  settings as this group resolved them, and a digest of the tokens' content:
+  ``launch/shared_settings.py``) and whether it has trained in the run already. A group
+  whose fingerprint differs from those of the groups already training (a mistaken restart)
+  takes part in the round without contributing, then stops alone with one line naming the
+  first key that differs and both values; the others say once that it was refused and go
+  on. Where no group has trained yet (a new run, or every group restarted), no group's
+  settings can be preferred and every group stops so.
+- **A discarded round** names its cause: a group failed during it, or fewer than
+  ``min_groups`` groups joined it. A lighthouse whose ``--min_replicas`` is below
+  ``min_groups`` lets a group left behind form quorums of its own, whose rounds never
+  commit; the first such quorum is reported.
 """
 
 import hashlib
@@ -115,10 +124,20 @@ class TorchftGroup:
         self._agreed, self._group = dict(agreed), settings.group
         self._fingerprint = fingerprint(agreed)
         self._key, self._lighthouse = DiLoCoSettings.key, settings.address()
+        self._min_groups = min_groups
+        self._checked = 0  # quorums whose settings check this process passed (0: new to the run)
+        self._pending: dict[str, Any] | None = None  # a heal's state, loaded once the settings agree
+        self._refusal: str | None = None  # why this group may not join the run
+        self._small_quorum_reported = False
+        #: Why the last round was discarded (None: it committed).
+        self.discard_cause: str | None = None
+        #: This group's seconds per global step, set before each sync; the peers' as of the
+        #: last round they contributed to with this group (None until then).
+        self.pace_s = 0.0
+        self.peer_pace_s: float | None = None
 
     def _recover(self, state: dict[str, Any]) -> None:
-        self._load_state_dict(state)
-        self._recovered = True
+        self._pending = state  # loaded in _quorum, once the settings are known to agree
 
     def sync(self, deltas: list[torch.Tensor], final: bool, ends: bool) -> Exchange:
         """This group's round, averaged over the groups in the quorum that contributed one
@@ -136,34 +155,97 @@ class TorchftGroup:
 
     def _round(self, deltas: list[torch.Tensor], contribute: bool, final: bool, ends: bool, groups: int = 1) -> Exchange:
         self._quorum(groups)
-        contribute = contribute and self.healed_in is None
+        contribute = contribute and self.healed_in is None and self._refusal is None
         flat = torch.cat([delta.reshape(-1).float() for delta in deltas])
         if not contribute:
             flat.zero_()
-        tally = torch.tensor([float(contribute), float(contribute and final), float(contribute and ends)])
-        summed = torch.cat([flat, tally])
+        tally = [float(contribute), float(contribute and final), float(contribute and ends), self.pace_s * contribute]
+        summed = torch.cat([flat, torch.tensor(tally)])
         self.manager.allreduce(summed, reduce_op=ReduceOp.SUM).wait()
-        contributors, finals, endings = summed[-3:].tolist()
+        committed = self.manager.should_commit()
+        if self._refusal is not None:  # the round is the others' alone: leave it, then the run
+            self.shutdown()
+            raise ConfigError(self._refusal)
+        contributors, finals, endings, paces = summed[-4:].tolist()
         self.contributors = round(contributors)
-        if not self.manager.should_commit() or not self.contributors:
+        if self.contributors > contribute:
+            self.peer_pace_s = (paces - self.pace_s * contribute) / (self.contributors - contribute)
+        self.discard_cause = self._discard_cause(committed)
+        if self.discard_cause is not None:
             return Exchange.done(None)
-        averaged = summed[:-3] / self.contributors
+        averaged = summed[:-4] / self.contributors
         parts = averaged.split([delta.numel() for delta in deltas])
         return Exchange.done([part.view_as(delta) for part, delta in zip(parts, deltas)], final=finals > 0, ends=endings > 0)
 
+    def _discard_cause(self, committed: bool) -> str | None:
+        """Why the round just taken part in was discarded, or None where it committed."""
+        if committed and self.contributors:
+            return None
+        if self.manager.errored() is not None:
+            return "a replica group failed during it"
+        if self.groups_present < self._min_groups:
+            return f"{self.groups_present} group(s) joined it, fewer than min_groups={self._min_groups}"
+        return "no group present had a round to contribute"
+
     def _quorum(self, groups: int) -> None:
-        """Join the next quorum (healing from a live peer if behind), then check that every
-        group present runs the same settings."""
-        self._recovered, started = False, time.perf_counter()
+        """Join the next quorum (receiving a live peer's state if behind), check that every
+        group present runs the run's settings, then load that state."""
+        self._pending, started = None, time.perf_counter()
         self._start_quorum()
         while self.groups_present < groups and time.perf_counter() - started < self._quorum_timeout_s:
             time.sleep(REASK_S)  # the others are still starting up
             self._start_quorum()
-        self.healed_in = time.perf_counter() - started if self._recovered else None
-        mine = self._fingerprint.clone()
-        self.manager.allreduce(mine).wait()
-        if not self.manager.errored() and not torch.equal(mine, self._fingerprint):
-            raise ConfigError(self._difference())
+        self._report_small_quorum()
+        self._check_settings()
+        healed = self._pending is not None and self._refusal is None
+        if healed:
+            self._load_state_dict(self._pending)
+        self._pending = None
+        self.healed_in = time.perf_counter() - started if healed else None
+        self._checked += self._refusal is None
+
+    def _report_small_quorum(self) -> None:
+        if self.groups_present >= self._min_groups or self._small_quorum_reported:
+            return
+        self._small_quorum_reported = True
+        log.warning(
+            "a quorum formed with %d replica group(s), fewer than min_groups=%d: the lighthouse's --min_replicas is"
+            " below min_groups, so a group the others leave behind forms quorums of its own, whose rounds are"
+            " discarded; start the lighthouse with --min_replicas %d to make such a group wait for its peers instead",
+            self.groups_present, self._min_groups, self._min_groups,
+        )  # fmt: skip
+
+    def _check_settings(self) -> None:
+        """Every group present shows its fingerprint and whether it has trained in the run.
+        Where they differ, the groups new to the run whose fingerprint is not that of the
+        groups already training are refused (all of them, where none has trained yet)."""
+        table = torch.zeros(self._slots(), 2 + FINGERPRINT_SLOTS, dtype=torch.float64)
+        table[self._group] = torch.cat([torch.tensor([1.0, float(self._checked > 0)], dtype=torch.float64), self._fingerprint])
+        self.manager.allreduce(table, reduce_op=ReduceOp.SUM).wait()
+        if self.manager.errored() is not None:  # the round is discarded; the next quorum checks again
+            self._pending = None
+            return
+        prints = {g: tuple(row[2:].tolist()) for g, row in enumerate(table) if row[0] > 0}
+        if len(set(prints.values())) <= 1:
+            return
+        training = {prints[g] for g, row in enumerate(table) if row[0] > 0 and row[1] > 0}
+        refused = [g for g, printed in prints.items() if printed not in training]
+        settings = self._gather_settings()
+        if self._group in refused:
+            mine = prints[self._group]
+            other = next(g for g in sorted(prints) if prints[g] != mine and (not training or prints[g] in training))
+            self._refusal = ("the DiLoCo replica groups run with different settings: "
+                             f"{self._difference(settings, self._group, other)}; start every group with the same"
+                             " overrides but technique.diloco.torchft.group.")  # fmt: skip
+            return
+        for g in refused:
+            log.warning(
+                "replica group %d was refused, its settings not the run's: %s; the groups already training go on",
+                g, self._difference(settings, g, self._group),
+            )  # fmt: skip
+
+    def _slots(self) -> int:
+        return max(SETTINGS_SLOTS, self._group + 1)
 
     def _start_quorum(self) -> None:
         """Ask the lighthouse for a quorum; where none forms within the quorum timeout (fewer
@@ -180,28 +262,28 @@ class TorchftGroup:
                 " a group started after the others finished the token budget has nothing left to train."
             ) from None
 
-    def _difference(self) -> str:
-        """Every group's settings gathered (each writes its own slot of a summed tensor, its
-        settings as JSON bytes), and the first key in which another group differs from this one."""
+    def _gather_settings(self) -> dict[int, dict[str, Any]]:
+        """Every group's settings (each writes its own slot of a summed tensor, its settings as
+        JSON bytes)."""
         encoded = json.dumps(self._agreed, sort_keys=True).encode()
-        lengths = torch.zeros(max(SETTINGS_SLOTS, self._group + 1), dtype=torch.float64)
+        lengths = torch.zeros(self._slots(), dtype=torch.float64)
         lengths[self._group] = len(encoded)
         self.manager.allreduce(lengths, reduce_op=ReduceOp.SUM).wait()
         slots, width = int(lengths.nonzero().max()) + 1, int(lengths.max())  # the same in every group
         data = torch.zeros(slots, width, dtype=torch.float64)
         data[self._group, : len(encoded)] = torch.tensor(list(encoded), dtype=torch.float64)
         self.manager.allreduce(data, reduce_op=ReduceOp.SUM).wait()
-        for other, length in enumerate(lengths[:slots].tolist()):
-            if other == self._group or not length:
-                continue
-            theirs = json.loads(bytes(int(round(b)) for b in data[other, : int(length)].tolist()).decode())
-            for key in sorted(set(self._agreed) | set(theirs)):
-                if self._agreed.get(key) != theirs.get(key):
-                    return (f"the DiLoCo replica groups run with different settings: {key} is {self._agreed.get(key, 'unset')}"
-                            f" in group {self._group} and {theirs.get(key, 'unset')} in group {other}; start every group with"
-                            " the same overrides but technique.diloco.torchft.group.")  # fmt: skip
-        return ("the DiLoCo replica groups run with different settings: start every group with the same overrides"
-                " but technique.diloco.torchft.group.")
+        return {group: json.loads(bytes(int(round(b)) for b in data[group, : int(length)].tolist()).decode())
+                for group, length in enumerate(lengths[:slots].tolist()) if length}  # fmt: skip
+
+    @staticmethod
+    def _difference(settings: dict[int, dict[str, Any]], group: int, other: int) -> str:
+        """The first key in which ``group``'s settings differ from ``other``'s, with both values."""
+        mine, theirs = settings.get(group, {}), settings.get(other, {})
+        key = next((key for key in sorted(set(mine) | set(theirs)) if mine.get(key) != theirs.get(key)), None)
+        if key is None:
+            return f"group {group}'s and group {other}'s differ"
+        return f"{key} is {mine.get(key, 'unset')} in group {group} and {theirs.get(key, 'unset')} in group {other}"
 
     def take_heal(self) -> float | None:
         """Seconds the last quorum took if it healed this group (once per heal), else None."""

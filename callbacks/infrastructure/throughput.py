@@ -1,6 +1,8 @@
 """Training throughput and FLOPs utilisation, measured between logging steps.
 
-Token counts come from the training clock (tokens after truncation, all ranks), and each
+Token counts are those this job's ranks trained on, after truncation (``trained_tokens``:
+the clock's, but for a fault-tolerant DiLoCo group, whose clock also counts the other
+groups' slices and jumps forward when the group is healed), and each
 step's FLOPs use the sequence length it trained on, so the numbers stay right while the
 global batch or the sequence length changes. The rate is taken over the optimizer steps
 since the previous logging step, with one device synchronisation per logging step and none
@@ -60,7 +62,7 @@ class Throughput(StepCallback):
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         state: TrainingState = pl_module.training_state
-        self._world_size, self._tokens, self._mark, self._steps_here = trainer.world_size, state.clock.tokens, None, 0
+        self._world_size, self._tokens, self._mark, self._steps_here = trainer.world_size, state.trained_tokens, None, 0
         if self.peak is None and state.device.type == "cuda":
             name = torch.cuda.get_device_name(state.device)
             self.peak = peak_flops(name)
@@ -81,8 +83,8 @@ class Throughput(StepCallback):
 
     def on_step_end(self, state: TrainingState) -> None:
         model, hardware = self._flops_per_token(state)
-        new_tokens = state.clock.tokens - self._tokens
-        self._tokens, self._steps_here = state.clock.tokens, self._steps_here + 1
+        new_tokens = state.trained_tokens - self._tokens
+        self._tokens, self._steps_here = state.trained_tokens, self._steps_here + 1
         self._flops = (self._flops[0] + new_tokens * model, self._flops[1] + new_tokens * hardware)
         if self._steps_here == self.warmup_steps:  # counted from this process's start, resumed or not
             self._mark = (self._now(state.device), self._tokens, *self._flops)
