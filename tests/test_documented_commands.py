@@ -12,6 +12,7 @@ import importlib.util
 import itertools
 import re
 import shlex
+import sys
 from pathlib import Path
 
 import pytest
@@ -83,8 +84,10 @@ def test_train_command_composes_and_passes_the_checks(where, command):
 
 
 def script_module(path: Path):
-    spec = importlib.util.spec_from_file_location(path.stem, path)
+    name = f"documented_script_{path.stem}"
+    spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses look their module up while the script loads
     spec.loader.exec_module(module)
     return module
 
