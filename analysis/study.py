@@ -86,6 +86,7 @@ from analysis.search_space import Dimension, Range, SearchSpace, parse_anchors, 
 from analysis.sequential import DEFAULT_SPENDING, SPENDING
 from analysis.tuner import DEFAULT_ROUND_SIZE, DEFAULT_SEARCHER, SEARCHERS, Search
 from common.errors import ConfigError
+from common.overrides import override_key
 
 #: What a trend claim's slope is taken against (``analysis/trend.py``).
 TREND_AXES = ("params",)
@@ -343,7 +344,7 @@ def _arm(name: str, entry: Any) -> tuple[list[str], dict[str, Dimension], dict[s
 
 
 def _space(name: str, search: dict[str, Dimension], overrides: list[str]) -> SearchSpace:
-    fixed = {o.split("=", 1)[0].lstrip("+~") for o in overrides}
+    fixed = {override_key(o) for o in overrides}
     space = SearchSpace(tuple(search.values()))
     clash = sorted(fixed & set(space.keys))
     if clash:

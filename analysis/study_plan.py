@@ -29,6 +29,7 @@ from analysis.search_record import SearchRecord, search_name
 from analysis.search_space import Point
 from analysis.study import StudySpec
 from analysis.tuner import Tuning, tuning_from_seeds
+from common.overrides import not_set_by
 
 TUNE, JUDGE = "tune", "judge"
 
@@ -44,10 +45,6 @@ class TunedJob:
     seed: int
     phase: str  # tune | judge | held_out
     settings: tuple[str, ...] = ()
-
-
-def _key(override: str) -> str:
-    return override.split("=", 1)[0].lstrip("+~")
 
 
 @dataclass
@@ -146,7 +143,6 @@ class StudyPlan:
     def overrides(self, job: TunedJob) -> list[str]:
         """A job's overrides: its base job's, its arm's fixed ones, its point's, the study's."""
         base = self.bases[job.base][0]
-        given = {_key(o) for o in base}
-        fixed = [o for o in self.spec.arms[job.arm] if _key(o) not in given]
+        fixed = not_set_by(base, self.spec.arms[job.arm])
         point = list(job.settings) if job.point is None else self.spec.spaces[job.arm].overrides(job.point)
         return [*base, *fixed, *point, f"study.arm={job.arm}", f"++study.phase={job.phase}", f"seed={job.seed}"]

@@ -22,6 +22,7 @@ from analysis.search_record import JOURNAL, SearchRecord, fingerprint, open_stor
 from analysis.search_space import Choice, Range, describe  # noqa: E402
 from analysis.study import StudySpec  # noqa: E402
 from analysis.tuner import Tuning, tuning_from_seeds  # noqa: E402
+from common.overrides import override_key  # noqa: E402
 
 
 def tunings(spec: StudySpec, runs: list[Run], select: str = "val/loss") -> dict[tuple[str, str], Tuning]:
@@ -67,7 +68,7 @@ def crossed_with(run: Run, spec: StudySpec) -> tuple[str, ...]:
     searched = set(spec.spaces[run.arm].keys) if run.arm in spec.spaces else set()
     fixed = set(spec.arms.get(run.arm, []))
     return tuple(o for o in run.overrides if o not in fixed and not o.startswith(("study.arm=", "++study.phase=", "seed="))
-                 and o.split("=", 1)[0].lstrip("+~") not in searched)  # fmt: skip
+                 and override_key(o) not in searched)  # fmt: skip
 
 
 def distinct_crossings(crossings: list[tuple[str, ...]]) -> dict[tuple[str, ...], str]:

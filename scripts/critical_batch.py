@@ -48,6 +48,7 @@ from analysis.critical_batch import (  # noqa: E402
 from analysis.scaling_laws import parameter_count  # noqa: E402
 from analysis.runs import find_runs  # noqa: E402
 from common.errors import ConfigError, UserError  # noqa: E402
+from common.overrides import override_key  # noqa: E402
 from launch.cli import exit_code  # noqa: E402
 
 BRANCH_PRESET = "critical_batch_branches"
@@ -73,7 +74,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.window <= 0 or args.tolerance < 0 or min(args.batches) <= 0 or min(args.steps) <= 0:
         raise ConfigError("--window and the --batches and --steps must be > 0 and --tolerance >= 0.")
     for override in args.overrides:
-        if override.split("=", 1)[0].lstrip("+~") in SET_HERE:
+        if override_key(override) in SET_HERE:
             raise ConfigError(f"{override}: the script sets {', '.join(SET_HERE)} itself; use --seeds, --steps,"
                               " --batches and --window, or change the base run in conf/sweep/critical_batch.yaml.")  # fmt: skip
     return args

@@ -138,10 +138,3 @@ def quick_plan() -> Plan:
         run_seconds=5.0,
         compile_seconds=25.0,
     )
-
-
-def override_value(overrides: list[str], key: str, default: str) -> str:
-    """The value the last ``key=value`` override gives (Hydra applies the last one)."""
-    values = [item.split("=", 1)[1] for item in overrides if item.split("=", 1)[0].lstrip("+~") == key]
-    return values[-1] if values else default
-

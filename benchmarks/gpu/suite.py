@@ -5,7 +5,8 @@ import itertools
 import sys
 import time
 
-from benchmarks.gpu.plan import Plan, override_value
+from benchmarks.gpu.plan import Plan
+from common.overrides import override_value
 from benchmarks.gpu.runs import RunResult, measure
 
 

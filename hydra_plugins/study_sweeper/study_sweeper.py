@@ -47,6 +47,7 @@ from analysis.runs import recorded_overrides
 from analysis.search_record import JOURNAL, LOCK as RECORD_LOCK, SearchRecord, check_record, fingerprint, open_storage
 from analysis.study import StudySpec
 from analysis.study_plan import StudyPlan, TunedJob
+from common.overrides import not_set_by, override_key, override_value
 from common.errors import ConfigError
 from launch.job_folders import REGISTRY
 from launch.study_worker import run_rounds
@@ -55,18 +56,14 @@ from launch.sweep_jobs import MARKER
 log = logging.getLogger(__name__)
 
 
-def _key(override: str) -> str:
-    return override.split("=", 1)[0].lstrip("+~")
-
-
 def _chosen_arms(spec: StudySpec, base: list[str]) -> tuple[list[str], list[str]]:
     """The arms a base job runs (``study.arm=A`` on the command line, else all) and the base
     job without that override."""
-    chosen = [o.split("=", 1)[1] for o in base if _key(o) == "study.arm"]
+    chosen = [o.split("=", 1)[1] for o in base if override_key(o) == "study.arm"]
     for arm in chosen:
         if arm not in spec.arms:
             raise ConfigError(f"study.arm={arm} is not an arm of this study; its arms: {', '.join(spec.arms)}")
-    return chosen or list(spec.arms), [o for o in base if _key(o) != "study.arm"]
+    return chosen or list(spec.arms), [o for o in base if override_key(o) != "study.arm"]
 
 
 def refuse_other_runs(sweep_dir: Path, jobs: list[list[str]]) -> None:
@@ -87,10 +84,9 @@ def study_jobs(spec: StudySpec, base_jobs: list[list[str]]) -> list[list[str]]:
     jobs = []
     for base in base_jobs:
         arms, base = _chosen_arms(spec, base)
-        given = {_key(o) for o in base}
         for arm in arms:
-            kept = [o for o in spec.arms[arm] if _key(o) not in given]
-            seeds = [None] if "seed" in given | {_key(o) for o in kept} else spec.seeds
+            kept = not_set_by(base, spec.arms[arm])
+            seeds = [None] if "seed" in {override_key(o) for o in [*base, *kept]} else spec.seeds
             for seed in seeds:
                 jobs.append([*base, *kept, f"study.arm={arm}", *([f"seed={seed}"] if seed is not None else [])])
     return jobs
@@ -123,7 +119,7 @@ class StudySweeper(BasicSweeper):
         for job in self._base_jobs(arguments):
             arms, base = _chosen_arms(spec, job)
             bases.append((base, arms))
-        budgeted = spec.tokens_per_parameter is not None and any("token_budget" not in {_key(o) for o in base} for base, _ in bases)
+        budgeted = spec.tokens_per_parameter is not None and any("token_budget" not in {override_key(o) for o in base} for base, _ in bases)
         sizes = [self._parameters(base) for base, _ in bases] if budgeted or spec.held_out else None
         held_out = self._held_out_base(spec, [base for base, _ in bases])
         study = StudyPlan(spec, [(self._with_budget(spec, base, size), arms) for (base, arms), size in zip(bases, sizes or [None] * len(bases))],
@@ -179,7 +175,7 @@ class StudySweeper(BasicSweeper):
     def _with_budget(spec: StudySpec, base: list[str], n_params: int | None) -> list[str]:
         """A base job with its token budget from ``study.tokens_per_parameter`` (unless the
         command line sets one): that many tokens per parameter of the job's model."""
-        if spec.tokens_per_parameter is None or "token_budget" in {_key(o) for o in base}:
+        if spec.tokens_per_parameter is None or "token_budget" in {override_key(o) for o in base}:
             return base
         return [*base, f"token_budget={round(spec.tokens_per_parameter * n_params)}"]
 
@@ -191,7 +187,7 @@ class StudySweeper(BasicSweeper):
             return None
         from analysis.ladder import MIN_SIZES
 
-        models = [next((o.split("=", 1)[1] for o in base if _key(o) == "model"), None) for base in bases]
+        models = [override_value(base, "model") for base in bases]
         if spec.held_out not in models:
             raise ConfigError(f"study.held_out={spec.held_out} is not one of the sizes this study runs"
                               f" (model={','.join(m for m in models if m) or '...'}); name one of them.")  # fmt: skip
@@ -236,7 +232,7 @@ class StudySweeper(BasicSweeper):
         for folder in sweep_dir.iterdir():
             overrides = recorded_overrides(folder) if folder.name.isdigit() and (folder / MARKER).is_file() else None
             if overrides and "++study.phase=judge" in overrides:
-                judged |= {o.split("=", 1)[1] for o in overrides if _key(o) == "seed"}
+                judged |= {o.split("=", 1)[1] for o in overrides if override_key(o) == "seed"}
         if len(judged) > spec.max_seeds:
             raise ConfigError(f"study.seeds.max={spec.max_seeds} is below the {len(judged)} judging seeds this study already ran"
                               f" ({', '.join(sorted(judged, key=int))}); raise it to at least {len(judged)}.")  # fmt: skip
@@ -247,8 +243,7 @@ class StudySweeper(BasicSweeper):
         missing = object()
         for base, arm in study.searches:
             overrides = study.bases[base][0]
-            given = {_key(o) for o in overrides}
-            overrides = [*overrides, *(o for o in study.spec.arms[arm] if _key(o) not in given)]
+            overrides = [*overrides, *not_set_by(overrides, study.spec.arms[arm])]
             cfg = self.hydra_context.config_loader.load_sweep_config(self.config, overrides)
             for key in study.spec.spaces[arm].keys:
                 if OmegaConf.select(cfg, key, default=missing) is missing:
