@@ -3,12 +3,12 @@ lighthouse, one ``train.py`` process per group, and a chaos driver that kills an
 
 The chaos driver (``run_chaos``) starts M groups, then kills (SIGKILL) a random one whenever
 every group is training, and starts it again at once, alternately from its own last
-checkpoint and without one. The groups are paced (``tests/pace.py``) while the kills go on,
+checkpoint and without one. The groups are paced (``benchmarks/pace.py``) while the kills go on,
 then run free to the end. It reports what the faults cost and checks what must hold:
 
 - every group ends (exit 0) on the same weights;
 - every step a group trained read that group's slice of the step, by content hash
-  (``tests/row_log.py``): a subset of the rows an uninterrupted one-job run reads at that
+  (``benchmarks/row_log.py``): a subset of the rows an uninterrupted one-job run reads at that
   step, the same rows each time the group trained it, disjoint from the other groups';
 - the steps no run of a group trained (it was down, or its clock jumped when healed),
   counted as tokens lost.
@@ -98,7 +98,7 @@ def metric(folder: Path, key: str) -> list[float]:
 
 
 def rows(folder: Path) -> dict[int, list[str]]:
-    """The rows one run of a group trained, by step (``tests/row_log.py``, one process)."""
+    """The rows one run of a group trained, by step (``benchmarks/row_log.py``, one process)."""
     steps: dict[int, list[str]] = {}
     path = folder / "rows" / "rank0.txt"
     for line in path.read_text().splitlines() if path.exists() else []:
@@ -112,7 +112,7 @@ PER_GROUP_CALLBACKS = "technique.diloco.torchft.per_group_keys=[callbacks.row_lo
 
 
 def row_log(folder: Path) -> list[str]:
-    return ["+callbacks.row_log._target_=tests.row_log.RowLog", f"+callbacks.row_log.path={folder / 'rows'}", PER_GROUP_CALLBACKS]
+    return ["+callbacks.row_log._target_=benchmarks.row_log.RowLog", f"+callbacks.row_log.path={folder / 'rows'}", PER_GROUP_CALLBACKS]
 
 
 def valid_checkpoint(folder: Path) -> Path | None:
@@ -179,7 +179,7 @@ def run_chaos(
     marker = folder / "pace"
     folder.mkdir(parents=True, exist_ok=True)
     marker.touch()
-    pace = ["+callbacks.pace._target_=tests.pace.Pace", f"+callbacks.pace.seconds={pace_s}", f"+callbacks.pace.while_exists={marker}"]
+    pace = ["+callbacks.pace._target_=benchmarks.pace.Pace", f"+callbacks.pace.seconds={pace_s}", f"+callbacks.pace.while_exists={marker}"]
     members = [Group(g) for g in range(groups)]
     done_kills = from_checkpoint = 0
     with Lighthouse(min_replicas=groups // 2 + 1) as lighthouse:

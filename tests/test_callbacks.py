@@ -164,7 +164,7 @@ def test_progress_lines_count_time_from_the_start_of_training_across_epochs(tmp_
 
     settings = [o for o in TINY if not o.startswith(("data.source.max_documents=", "token_budget="))]
     result = run_train([*settings, "data.source.max_documents=40", "data.val_fraction=0.1", "token_budget=12800", "callbacks.progress_bar.lines=true",
-                        "callbacks.progress_bar.line_interval_s=0.5", "+callbacks.pace._target_=tests.pace.Pace",
+                        "callbacks.progress_bar.line_interval_s=0.5", "+callbacks.pace._target_=benchmarks.pace.Pace",
                         "+callbacks.pace.seconds=0.03"], tmp_path / "run", tmp_path_factory.getbasetemp() / "cache")  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
     output = result.stdout + result.stderr

@@ -2,7 +2,7 @@
 stream with it: the steps after the move train the rows an uninterrupted run trains at those
 steps (content hashes of the rows, not the sampler's own bookkeeping)."""
 
-from tests.row_log import rows_by_step
+from benchmarks.row_log import rows_by_step
 from tests.run_helpers import TINY, run_train
 
 STEPS = [*TINY, "token_budget=2048", "lr_schedule.warmup_steps=1"]  # 8 steps of 8 x 32 tokens
@@ -13,7 +13,7 @@ def test_the_rows_after_a_clock_move_are_those_of_the_steps_it_moved_to(tmp_path
     runs = {}
     for name, extra in (("even", []), ("jumped", ["+callbacks.jump._target_=tests.jump_clock.JumpClock", "+callbacks.jump.at=3",
                                                  "+callbacks.jump.to=5"])):  # fmt: skip
-        log = ["+callbacks.row_log._target_=tests.row_log.RowLog", f"+callbacks.row_log.path={tmp_path / name / 'rows'}"]
+        log = ["+callbacks.row_log._target_=benchmarks.row_log.RowLog", f"+callbacks.row_log.path={tmp_path / name / 'rows'}"]
         result = run_train([*STEPS, *log, *extra], tmp_path / name, cache)
         assert result.returncode == 0, result.stderr[-3000:]
         runs[name] = rows_by_step(tmp_path / name / "rows")

@@ -96,7 +96,7 @@ def test_a_killed_group_leaves_the_other_training_and_a_restarted_one_rejoins(tm
     # min_groups=1: a lone survivor commits its rounds (the default, a majority of M = 2, would
     # discard them until its peer is back).
     run = ["token_budget=15360", "technique.diloco.sync_every=8", "callbacks.model_checkpoint.every_n_train_steps=8",
-           "technique.diloco.torchft.min_groups=1", "+callbacks.pace._target_=tests.pace.Pace", "+callbacks.pace.seconds=0.15"]  # fmt: skip
+           "technique.diloco.torchft.min_groups=1", "+callbacks.pace._target_=benchmarks.pace.Pace", "+callbacks.pace.seconds=0.15"]  # fmt: skip
     with Lighthouse(min_replicas=1) as lighthouse:
         survivor = group(lighthouse, 0, tmp_path / "group0", cache, *run)
         victim = group(lighthouse, 1, tmp_path / "group1", cache, *run)

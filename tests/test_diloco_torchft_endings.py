@@ -18,7 +18,7 @@ from tests.run_helpers import REPO, TINY, checkpoint_weights, run_train
 
 GROUPS = [*TINY, "+technique=diloco", "batch.micro_batch_size=2", "logger=csv", "callbacks.validation_schedule.every_n_steps=100000",
           "technique.diloco.torchft.timeout_s=10", "technique.diloco.torchft.quorum_timeout_s=60",
-          "technique.diloco.torchft.per_group_keys=[callbacks.pace]", "+callbacks.pace._target_=tests.pace.Pace"]  # fmt: skip
+          "technique.diloco.torchft.per_group_keys=[callbacks.pace]", "+callbacks.pace._target_=benchmarks.pace.Pace"]  # fmt: skip
 
 
 def paced(seconds: float) -> str:

@@ -1,6 +1,6 @@
 """Fault-tolerant DiLoCo under faults, M = 3 groups on loopback: a straggler left out of rounds
 and healed mid-run, and a chaos run of repeated kills. Rows are checked by content hash
-against an uninterrupted one-job run of the same data (``tests/row_log.py``)."""
+against an uninterrupted one-job run of the same data (``benchmarks/row_log.py``)."""
 
 from pathlib import Path
 
@@ -49,8 +49,8 @@ def test_a_straggler_is_left_out_of_rounds_and_healed_without_costing_the_others
     cache = tmp_path_factory.getbasetemp() / "cache"
     steps = 96
     budget = [f"token_budget={steps * 6 * 32}"]
-    pace = ["+callbacks.pace._target_=tests.pace.Pace", "+callbacks.pace.seconds=0.1"]
-    slow = ["+callbacks.pace._target_=tests.pace.Pace", "+callbacks.pace.seconds=1.0", "+callbacks.pace.from_step=8",
+    pace = ["+callbacks.pace._target_=benchmarks.pace.Pace", "+callbacks.pace.seconds=0.1"]
+    slow = ["+callbacks.pace._target_=benchmarks.pace.Pace", "+callbacks.pace.seconds=1.0", "+callbacks.pace.from_step=8",
             "+callbacks.pace.to_step=16"]  # fmt: skip
     folders = {g: tmp_path / f"group{g}" for g in range(3)}
     with Lighthouse(min_replicas=2) as lighthouse:

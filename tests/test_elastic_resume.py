@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.row_log import rows_by_step
+from benchmarks.row_log import rows_by_step
 from tests.run_helpers import TINY, run_train
 
 # 4 steps of 8 sequences; sharded checkpoints every 2 steps.
@@ -20,7 +20,7 @@ LOSS_RTOL = 1e-6
 
 
 def train(folder: Path, cache: Path, devices: int, *extra: str):
-    log = ["+callbacks.row_log._target_=tests.row_log.RowLog", f"+callbacks.row_log.path={folder / 'rows'}"]
+    log = ["+callbacks.row_log._target_=benchmarks.row_log.RowLog", f"+callbacks.row_log.path={folder / 'rows'}"]
     result = run_train([*RUN, f"trainer.devices={devices}", *log, *extra], folder, cache)
     assert result.returncode == 0, result.stderr[-3000:]
     return result

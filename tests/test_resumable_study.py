@@ -171,7 +171,7 @@ def test_sigterm_during_a_sweep_job_ends_the_sweep_and_the_same_command_resumes(
     on to the next job (nor, in a tuned study, run the stopped one again)."""
     folder, cache = tmp_path / "sweep", tmp_path / "cache"
     command = [sys.executable, str(REPO / "train.py"), *STUDY, f"hydra.sweep.dir={folder}", f"paths.cache_dir={cache}",
-               "+callbacks.pace._target_=tests.pace.Pace", "+callbacks.pace.seconds=0.5"]  # fmt: skip
+               "+callbacks.pace._target_=benchmarks.pace.Pace", "+callbacks.pace.seconds=0.5"]  # fmt: skip
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "WANDB_MODE": "offline", "OMP_NUM_THREADS": "1"}
     process = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     checkpoint = folder / "0" / "checkpoints" / "step000002.ckpt"

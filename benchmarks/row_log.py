@@ -1,9 +1,9 @@
-"""A test callback that writes which sequences each optimizer step trained on, per rank.
+"""A callback for tests and benchmarks that writes which sequences each optimizer step trained on, per rank.
 
 Each line is ``STEP HASH HASH ...``: the step the micro-batch belongs to (steps completed + 1)
 and a content hash of each of its input rows, so two runs can be compared for sequences
 trained twice or skipped without trusting the sampler's own bookkeeping.
-    +callbacks.row_log._target_=tests.row_log.RowLog +callbacks.row_log.path=DIR
+    +callbacks.row_log._target_=benchmarks.row_log.RowLog +callbacks.row_log.path=DIR
 """
 
 import hashlib

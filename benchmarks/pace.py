@@ -1,4 +1,4 @@
-"""Test-only callback: a training micro-batch takes at least ``seconds``, so that a test can act
+"""A callback for tests and benchmarks: a training micro-batch takes at least ``seconds``, so that a test can act
 while a run is mid-way (kill a DiLoCo replica group, start another) or make one group slower
 than its peers.
 
