@@ -20,7 +20,8 @@ from omegaconf import DictConfig
 
 from launch.cli import fail, is_rank_zero, run_cli
 from common.errors import STALE_WEIGHTS_EXIT, StaleWeights, UserError
-from launch.run_settings import RunSettings, check_config
+from settings.from_config import read_settings
+from settings.run_settings import RunSettings
 from launch.sweep_jobs import SweepJob, claim_folder, report_busy, report_resume, report_skip, report_stopped
 
 HYDRA_ONLY = {".hydra", "train.log"}  # what Hydra writes into a run folder before the run starts
@@ -29,14 +30,14 @@ HYDRA_ONLY = {".hydra", "train.log"}  # what Hydra writes into a run folder befo
 @hydra.main(version_base="1.3", config_path="conf", config_name="train")
 def main(cfg: DictConfig) -> float | None:
     try:
-        settings = check_config(cfg)
+        settings = read_settings(cfg)
         job = SweepJob.current()
         if job is None:
             folder = Path(HydraConfig.get().runtime.output_dir)
             with claim_folder(folder, settings.run.world_size) as holder:
                 if holder is not None:  # e.g. two jobs started in the same second share the time-stamped folder
                     raise UserError(f"{folder} is in use by another run ({holder}): give this run its own hydra.run.dir.")
-                return train_and_report(cfg, settings)
+                return train_and_report(settings)
         with job.claim(settings.run.world_size) as holder:
             if holder is not None:  # a second worker of the same sweep command has it
                 report_busy(job, holder)
@@ -48,8 +49,8 @@ def main(cfg: DictConfig) -> float | None:
             checkpoint = job.checkpoint()
             if checkpoint is not None:  # interrupted in an earlier run (which may have begun at ckpt_path)
                 report_resume(job, checkpoint)
-                cfg.ckpt_path = str(checkpoint)
-            return train_and_report(cfg, settings, job)
+                settings = settings.resuming_from(str(checkpoint))
+            return train_and_report(settings, job)
     except UserError as error:  # reported here, not by Hydra, which would add its own line
         if is_rank_zero():
             remove_empty_run_folder(Path(cfg.paths.output_dir) / "runs")
@@ -58,13 +59,13 @@ def main(cfg: DictConfig) -> float | None:
         fail(str(error), STALE_WEIGHTS_EXIT)
 
 
-def train_and_report(cfg: DictConfig, settings: RunSettings, job: SweepJob | None = None) -> float | None:
+def train_and_report(settings: RunSettings, job: SweepJob | None = None) -> float | None:
     """Train; a sweep job that ran to its end leaves its marker. A job stopped by SIGTERM or
     Ctrl-C (after its checkpoint) ends the whole sweep: the scheduler wants the process gone,
     and the same command resumes the job. Returns the final val/loss."""
     from launch.training import train  # Lightning, torch, datasets: only for a valid config
 
-    result = train(cfg, settings)
+    result = train(settings)
     if job is not None and result.finished:
         job.mark_finished(result.metrics)
     elif job is not None:

@@ -266,7 +266,7 @@ def growth(points_by_size: dict[float, list[BranchPoint]]) -> Growth:
     residual = target - design @ coefficients
     dof = len(rows) - 3
     covariance = residual @ residual / dof * np.linalg.pinv(design.T @ design)
-    from analysis.claim_tests import t_quantile
+    from study.claim_tests import t_quantile
 
     half = t_quantile(dof) * np.sqrt(np.diag(covariance))
     exponent = lambda i: (float(coefficients[i]), float(coefficients[i] - half[i]), float(coefficients[i] + half[i]))  # noqa: E731

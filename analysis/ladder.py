@@ -37,7 +37,7 @@ import yaml
 
 from analysis.runs import METRICS, Run, load_run
 from analysis.scaling_laws import PowerLaw, fit_power_law, fit_power_law_offset, parameter_count
-from analysis.search_space import Point, Range, SearchSpace, format_value
+from study.search_space import Point, Range, SearchSpace, format_value
 from common.errors import ConfigError, UserError
 
 #: Fewest sizes a fit over N takes (the offset form has three coefficients).
@@ -181,7 +181,7 @@ def refits(members: list[Rung], at: float) -> list[float]:
 def seed_noise(members: list[Rung], seeds: int) -> float:
     """The 95% half-width of a k-seed mean's noise: t * s / sqrt(k), s pooled over the fitted
     sizes' seeds (t with their pooled degrees of freedom)."""
-    from analysis.claim_tests import t_quantile
+    from study.claim_tests import t_quantile
 
     squares = sum(float(np.sum((np.array(list(r.losses.values())) - r.loss) ** 2)) for r in members)
     df = sum(len(r.losses) - 1 for r in members)

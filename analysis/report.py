@@ -5,7 +5,7 @@ runs whose overrides are equal once ``seed=`` is left out). For each group the r
 the mean ± standard deviation over seeds of the final validation loss, optimizer steps,
 tokens and training wall time; its plots show each group's mean curve with a min-max band
 over seeds, against tokens (every standard metric) and against optimizer steps and wall
-time (validation loss); a study's claims get a verdict each (``analysis/study.py``). This
+time (validation loss); a study's claims get a verdict each (``study/preset.py``). This
 is what a W&B dashboard grouped by ``job_type`` shows, made from the CSV logs, so it works
 offline and with no account.
 
@@ -25,12 +25,13 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from analysis.runs import DERIVED, STEP, TOKENS, WALL_TIME, Run, find_runs  # noqa: E402
-from analysis.claim_tests import Spread  # noqa: E402
-from analysis.looks import judge_in_looks  # noqa: E402
-from analysis.study import Claim, StudySpec, Verdict  # noqa: E402
-from analysis.tuner import Tuning  # noqa: E402
+from study.claim_tests import Spread  # noqa: E402
+from study.looks import judge_in_looks  # noqa: E402
+from study.preset import Claim, StudySpec  # noqa: E402
+from study.verdicts import Verdict  # noqa: E402
+from study.tuner import Tuning  # noqa: E402
 from analysis.scaling_laws import parameter_count  # noqa: E402
-from analysis.trend import TrendPoint, judge_trend  # noqa: E402
+from study.trend import TrendPoint, judge_trend  # noqa: E402
 from analysis.tuning_report import crossed_with, tuning_figures, tuning_table, tunings  # noqa: E402
 
 

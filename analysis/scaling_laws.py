@@ -200,12 +200,12 @@ class Result:
 def parameter_count(model: dict) -> int:
     """Parameters of a run's model config, counted on the meta device (no memory used)."""
     # Imported here: torch takes seconds to import, and fits of tabled losses never need it.
-    from lightning_modules.llama import LlamaConfig, count_parameters
+    from lightning_modules.llama import LlamaSettings, count_parameters
 
     fields = {key: value for key, value in model.items() if key != "_target_"}
     if fields.get("vocab_size") is None:
         raise ValueError("the run's config has no model.vocab_size, so its parameters cannot be counted.")
-    return count_parameters(LlamaConfig(**fields))
+    return count_parameters(LlamaSettings(**fields))
 
 
 def result_of(run: Run) -> Result | None:

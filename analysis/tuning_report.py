@@ -2,7 +2,7 @@
 
 Each arm's tuning runs (``study.phase=tune``, finished) are placed on its search space by
 their overrides; a point counts once every tuning seed finished, at the mean of ``select``
-over them, and its runs on the finalist seeds are kept per seed. The search's own rules (``analysis/tuner.py``) then name the winner, the status
+over them, and its runs on the finalist seeds are kept per seed. The search's own rules (``study/tuner.py``) then name the winner, the status
 of each dimension and the anchors that beat it, so the report and the sweeper can never
 disagree on them.
 """
@@ -16,12 +16,12 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from analysis.model_search import SAMPLERS  # noqa: E402
+from study.joint_search import SAMPLERS  # noqa: E402
 from analysis.runs import Run  # noqa: E402
-from analysis.search_record import JOURNAL, SearchRecord, fingerprint, open_storage, search_name, written_by_another  # noqa: E402
-from analysis.search_space import Choice, Range, describe  # noqa: E402
-from analysis.study import StudySpec  # noqa: E402
-from analysis.tuner import Tuning, tuning_from_seeds  # noqa: E402
+from study.search_record import JOURNAL, SearchRecord, fingerprint, open_storage, search_name, written_by_another  # noqa: E402
+from study.search_space import Choice, Range, describe  # noqa: E402
+from study.preset import StudySpec  # noqa: E402
+from study.tuner import Tuning, tuning_from_seeds  # noqa: E402
 from common.overrides import override_key  # noqa: E402
 
 

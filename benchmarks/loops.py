@@ -15,25 +15,24 @@ from pathlib import Path
 import lightning as L
 import torch
 from hydra import compose, initialize_config_dir
-from omegaconf import DictConfig
 
 from benchmarks.memory_logger import MemoryLogger
-from launch.builders import build_callbacks, build_datamodule, build_module, build_trainer, vocab_for
-from launch.run_settings import check_config
-from launch.training import check_device_memory
+from launch.builders import build_callbacks, build_datamodule, build_module, build_trainer
 from lightning_modules.llama import Llama, seed_from_global_rng
 from lightning_modules.lr_schedule import learning_rate
 from lightning_modules.meta_init import materialize_and_init
-from lightning_modules.parallelism import apply_layout, attention_backend, check_kernels_available
+from lightning_modules.parallelism import apply_layout, attention_backend
+from settings.from_config import read_settings
+from settings.run_settings import RunSettings
 
 REPO = Path(__file__).resolve().parents[1]
 
 
-def benchmark_config(overrides: list[str], steps: int, warmup: int) -> DictConfig:
-    """The run's config for a timed run: ``warmup`` untimed steps, then ``steps`` timed ones,
+def benchmark_settings(overrides: list[str], steps: int, warmup: int) -> RunSettings:
+    """The run's settings for a timed run: ``warmup`` untimed steps, then ``steps`` timed ones,
     logged once at the end; no checkpoints, no validation, no optimizer statistics."""
     with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
-        return compose(
+        cfg = compose(
             "train",
             overrides=[
                 "logger=none",
@@ -53,6 +52,7 @@ def benchmark_config(overrides: list[str], steps: int, warmup: int) -> DictConfi
                 *overrides,
             ],
         )
+    return read_settings(cfg)
 
 
 @dataclass
@@ -66,16 +66,15 @@ class Measured:
     losses: dict[int, float]
 
 
-def framework_run(cfg: DictConfig) -> Measured:
+def framework_run(settings: RunSettings) -> Measured:
     """Train through the framework's pieces (as train.py does) and read what it logged."""
-    settings = check_config(cfg)
-    check_kernels_available(settings.layout)
-    L.seed_everything(cfg.seed, verbose=False)
-    datamodule = build_datamodule(cfg, settings)
-    check_device_memory(cfg, settings, datamodule.vocab_size)
-    module = build_module(cfg, settings, datamodule.vocab_size)
+    settings = settings.for_processes(settings.trainer.processes())
+    L.seed_everything(settings.job.seed, verbose=False)
+    datamodule = build_datamodule(settings)
+    settings.check_services(lambda: datamodule.vocab_size)
+    module = build_module(settings, datamodule.vocab_size)
     logger = MemoryLogger()
-    trainer = build_trainer(cfg, settings, [logger], build_callbacks(cfg, settings))
+    trainer = build_trainer(settings, [logger], build_callbacks(settings))
     trainer.fit(module, datamodule=datamodule)
     return Measured(
         tokens_per_sec=logger.last("perf/tokens_per_sec"),
@@ -93,27 +92,27 @@ def synchronized_now(device: torch.device) -> float:
     return time.perf_counter()
 
 
-def plain_tokens_per_sec(cfg: DictConfig, steps: int, warmup: int) -> float:
+def plain_tokens_per_sec(settings: RunSettings, steps: int, warmup: int) -> float:
     """The loop a researcher would write by hand around the same model, kernels and data."""
-    settings = check_config(cfg, processes=1)
-    L.seed_everything(cfg.seed, verbose=False)
-    datamodule = build_datamodule(cfg, settings)
+    settings = settings.for_processes(1)
+    L.seed_everything(settings.job.seed, verbose=False)
+    datamodule = build_datamodule(settings)
+    settings.check_services(lambda: datamodule.vocab_size)
     datamodule.prepare_data()
     datamodule.setup("fit")
-    device = torch.device("cuda" if torch.cuda.is_available() and cfg.trainer.accelerator != "cpu" else "cpu")
-    check_kernels_available(settings.layout)
+    device = torch.device("cuda" if torch.cuda.is_available() and settings.trainer.accelerator != "cpu" else "cpu")
     with torch.device("meta"):
-        model = Llama(vocab_for(settings.model, datamodule.vocab_size))
+        model = Llama(settings.model.with_vocab(datamodule.vocab_size))
     apply_layout(model, settings.layout)
     materialize_and_init(model, device, seed_from_global_rng())
     optimizer = settings.optimizer.build(model, fused=settings.layout.fused_adamw)
-    autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled="bf16" in str(cfg.trainer.precision))
+    autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled="bf16" in settings.trainer.precision)
     accumulation = settings.batch.global_batch_size // settings.run.micro_batch_size
     batches, tokens, timed_from = iter(datamodule.train_dataloader()), 0, (0, 0.0)
     for step in range(warmup + steps):
         if step == warmup:
             timed_from = (tokens, synchronized_now(device))
-        lr = learning_rate(settings.optimizer.lr, settings.lr_schedule, step + 1, tokens, settings.token_budget)
+        lr = learning_rate(settings.optimizer.lr, settings.lr_schedule, step + 1, tokens, settings.job.token_budget)
         for group in optimizer.param_groups:
             group["lr"] = lr
         for _ in range(accumulation):

@@ -20,12 +20,12 @@ import torch.multiprocessing as mp
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import fully_shard
 
-from lightning_modules.llama import Llama, LlamaConfig
+from lightning_modules.llama import Llama, LlamaSettings
 from lightning_modules.meta_init import materialize_and_init
 
 MODEL_CONF = Path(__file__).resolve().parents[1] / "conf" / "model"
 GB = 1e9
-WARM_UP = LlamaConfig(vocab_size=64, n_layers=1, d_model=32, n_heads=4, n_kv_heads=2, mlp_hidden=64)
+WARM_UP = LlamaSettings(vocab_size=64, n_layers=1, d_model=32, n_heads=4, n_kv_heads=2, mlp_hidden=64)
 
 
 def status_bytes(field: str) -> int:
@@ -43,7 +43,7 @@ def shard(model: Llama, mesh: DeviceMesh) -> None:
     fully_shard(model, mesh=mesh)
 
 
-def build_sharded(config: LlamaConfig, mesh: DeviceMesh, seed: int, meta: bool) -> Llama:
+def build_sharded(config: LlamaSettings, mesh: DeviceMesh, seed: int, meta: bool) -> Llama:
     """A sharded, initialised model on the CPU, built through the meta device or whole."""
     if not meta:
         torch.manual_seed(seed)
@@ -66,7 +66,7 @@ def join_process_group(rank: int, world_size: int, port: int) -> DeviceMesh:
 
 
 def measure_rank(
-    rank: int, world_size: int, port: int, config: LlamaConfig, meta: bool, results: SimpleQueue
+    rank: int, world_size: int, port: int, config: LlamaSettings, meta: bool, results: SimpleQueue
 ) -> None:
     """Build once and report this rank's peak resident-memory increase, in bytes.
 
@@ -88,7 +88,7 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def peak_increase_per_rank(config: LlamaConfig, world_size: int, meta: bool) -> list[int]:
+def peak_increase_per_rank(config: LlamaSettings, world_size: int, meta: bool) -> list[int]:
     """Each rank's peak resident-memory increase (bytes), from fresh processes."""
     results = mp.get_context("spawn").SimpleQueue()
     mp.spawn(measure_rank, args=(world_size, free_port(), config, meta, results), nprocs=world_size)

@@ -24,11 +24,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from omegaconf import OmegaConf
-
-from analysis.search_space import Point, SearchSpace, parse_search
-from analysis.study import StudySpec
-from analysis.tuner import Search, Tuning
+from study.search_space import Point, SearchSpace, parse_search
+from study.preset import StudySpec
+from study.tuner import Search, Tuning
+from settings.from_config import config_file
 
 REPO = Path(__file__).resolve().parents[1]
 PRESET = REPO / "conf" / "sweep" / "diloco_tuned.yaml"
@@ -67,7 +66,7 @@ def _product(spans: list[range]):
 
 def diloco_search() -> Search:
     """The ``m2`` arm's search as the DiLoCo study declares it."""
-    node = OmegaConf.to_container(OmegaConf.load(PRESET).study, resolve=True)
+    node = config_file(PRESET)["study"]
     return StudySpec.from_config(node).searches["m2"]
 
 

@@ -246,9 +246,9 @@ def _result(members: list[Group], reference: dict[int, list[str]], kills: int, f
 
 def _tokens_per_row(folder: Path) -> int:
     """Tokens per sequence, from the run's resolved config."""
-    from omegaconf import OmegaConf
+    from settings.from_config import config_file
 
-    return int(OmegaConf.load(folder / ".hydra" / "config.yaml").data.seq_len)
+    return int(config_file(folder / ".hydra" / "config.yaml")["data"]["seq_len"])
 
 
 def _weights(path: Path) -> dict[str, torch.Tensor]:

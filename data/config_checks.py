@@ -14,8 +14,6 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping
 from typing import Any
 
-from omegaconf import DictConfig, OmegaConf
-
 from common.errors import ConfigError
 
 MIN_SEQ_LEN = 8
@@ -28,9 +26,7 @@ def check_seq_len(seq_len: Any) -> None:
 
 
 def as_plain_dict(cfg: Any, setting: str) -> dict[str, Any]:
-    """Return `cfg` as a plain dict, so Hydra's DictConfig and plain dicts behave alike."""
-    if isinstance(cfg, DictConfig):
-        return OmegaConf.to_container(cfg, resolve=True)  # type: ignore[return-value]
+    """`cfg` as a dict of its own (the run's settings hold plain, resolved values)."""
     if isinstance(cfg, Mapping):
         return dict(cfg)
     raise ConfigError(f"{setting} must be a mapping such as {{kind: ...}}, got {type(cfg).__name__}: {cfg!r}")

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from common.errors import CheckpointError
-from lightning_modules.llama import LlamaConfig
+from lightning_modules.llama import LlamaSettings
 
 SHAPE_FIELDS = ("vocab_size", "n_layers", "d_model", "n_heads", "n_kv_heads", "mlp_hidden", "tie_embeddings")
 
@@ -38,7 +38,7 @@ def checkpoint_metadata(path: str) -> dict[str, Any]:
 
 
 def check_resume(
-    path: str, model: LlamaConfig, seq_len: int, sequential_replicas: int, optimizer: str, world_size: int
+    path: str, model: LlamaSettings, seq_len: int, sequential_replicas: int, optimizer: str, world_size: int
 ) -> None:
     """Raise ``CheckpointError`` naming the setting that must match the checkpoint's run
     (``optimizer``: the kind of this run's optimizer, whose state the checkpoint must hold).

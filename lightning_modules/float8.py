@@ -31,8 +31,6 @@ import logging
 import torch
 from torch import nn
 
-from common.errors import ConfigError
-
 log = logging.getLogger(__name__)
 
 FLOAT8_RECIPES = ("none", "tensorwise", "rowwise")
@@ -110,42 +108,3 @@ def float8_device_problem() -> str | None:
         name = torch.cuda.get_device_name()
         return f"{name} (compute capability {capability[0]}.{capability[1]}) has no float8 tensor cores"
     return None
-
-
-def check_float8_settings(recipe: str, emulate: bool, strategy: str, accelerator: str, dims: dict[str, int]) -> None:
-    """The checks that need only the settings: run in ``check_config``, before anything starts."""
-    if recipe == "none":
-        if emulate:
-            raise ConfigError("layout.float8_emulate=true has no effect with layout.float8=none; set layout.float8=tensorwise or rowwise.")
-        return
-    if strategy == "fsdp":
-        raise ConfigError(
-            f"layout.float8={recipe} does not compose with strategy=fsdp (FSDP1 flattens the weights torchao"
-            " casts); use strategy=fsdp2."
-        )
-    if accelerator == "cpu" and not emulate:
-        raise ConfigError(
-            f"layout.float8={recipe} on a CPU run needs float8 emulation: add layout.float8_emulate=true"
-            " (for tests; it is slower than fp32), or set layout.float8=none."
-        )
-    odd = {name: size for name, size in dims.items() if size % FLOAT8_DIM_MULTIPLE}
-    if odd:
-        listed = ", ".join(f"{name}={size}" for name, size in odd.items())
-        raise ConfigError(
-            f"layout.float8={recipe}: float8 matmuls need the blocks' linear dimensions to be multiples of"
-            f" {FLOAT8_DIM_MULTIPLE}, but {listed}; choose such a model or set layout.float8=none."
-        )
-
-
-def check_float8_available(recipe: str, emulate: bool) -> None:
-    """The checks that need the machine: run as the run starts, before the data is read."""
-    if recipe == "none":
-        return
-    problem = None if emulate else float8_device_problem()
-    if problem:
-        raise ConfigError(
-            f"layout.float8={recipe} needs float8 tensor cores (compute capability 8.9+: H100, H200, L40S, L4), but"
-            f" {problem}; set layout.float8=none (or layout.float8_emulate=true, for tests)."
-        )
-    if not torchao_available():
-        raise ConfigError(f'layout.float8={recipe} needs torchao: pip install -e ".[float8]"; or set layout.float8=none.')

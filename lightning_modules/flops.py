@@ -16,7 +16,7 @@ HFU (hardware FLOPs utilisation) also counts work that activation checkpointing
 recomputes: one more forward of every checkpointed block (``full``) or MLP (``mlp``).
 """
 
-from lightning_modules.llama import LlamaConfig, count_parameters
+from lightning_modules.llama import LlamaSettings, count_parameters
 
 # Dense bf16 peak FLOP/s per device (no structured sparsity), from the vendors' data sheets,
 # by the exact name ``torch.cuda.get_device_name`` reports: a substring match would give an
@@ -54,7 +54,7 @@ FLOAT8_PEAK_FLOPS: dict[str, float] = {
 }
 
 
-def _block_parameters(config: LlamaConfig) -> tuple[int, int]:
+def _block_parameters(config: LlamaSettings) -> tuple[int, int]:
     """Parameters of one block's attention projections and of its MLP."""
     kv_dim = config.n_kv_heads * config.head_dim
     attention = 2 * config.d_model * config.d_model + 2 * config.d_model * kv_dim
@@ -62,23 +62,23 @@ def _block_parameters(config: LlamaConfig) -> tuple[int, int]:
     return attention, mlp
 
 
-def matmul_parameters(config: LlamaConfig, include_embedding: bool = False) -> int:
+def matmul_parameters(config: LlamaSettings, include_embedding: bool = False) -> int:
     """N of the formula: the model's parameters less its RMSNorm gains (and input table)."""
     norm_gains = (2 * config.n_layers + 1) * config.d_model
     return count_parameters(config, include_embedding=include_embedding) - norm_gains
 
 
-def attention_flops_per_token(config: LlamaConfig, seq_len: int) -> int:
+def attention_flops_per_token(config: LlamaSettings, seq_len: int) -> int:
     """12 L H Q T: attention scores and values, forward and backward."""
     return 12 * config.n_layers * config.n_heads * config.head_dim * seq_len
 
 
-def model_flops_per_token(config: LlamaConfig, seq_len: int, include_embedding: bool = False) -> int:
+def model_flops_per_token(config: LlamaSettings, seq_len: int, include_embedding: bool = False) -> int:
     """F = 6 N + 12 L H Q T."""
     return 6 * matmul_parameters(config, include_embedding) + attention_flops_per_token(config, seq_len)
 
 
-def recomputed_flops_per_token(config: LlamaConfig, seq_len: int, activation_checkpointing: str) -> int:
+def recomputed_flops_per_token(config: LlamaSettings, seq_len: int, activation_checkpointing: str) -> int:
     """Forward FLOPs that activation checkpointing runs a second time, per token."""
     attention, mlp = _block_parameters(config)
     if activation_checkpointing == "full":

@@ -16,16 +16,19 @@ import math
 from dataclasses import dataclass
 
 from common.errors import CheckpointError, ConfigError
+from settings.section import Section
 
 
 @dataclass(kw_only=True)
-class BatchConfig:
+class BatchSettings(Section):
     """User settings (``batch`` in ``conf/train.yaml``, where their defaults live).
 
     ``micro_batch_size`` null picks the largest divisor of each rank's share of the global
     batch that is at most ``max_micro_batch_size`` (see ``micro_batch_size_for``), so
     changing the number of devices or replicas keeps a global batch working.
     """
+
+    key = "batch"
 
     global_batch_size: int
     micro_batch_size: int | None
@@ -46,7 +49,7 @@ class BatchConfig:
 
 
 def micro_batch_size_for(
-    config: BatchConfig, data_parallel_size: int, sequential_replicas: int = 1, min_accumulation: int = 1
+    config: BatchSettings, data_parallel_size: int, sequential_replicas: int = 1, min_accumulation: int = 1
 ) -> int:
     """The micro-batch every rank runs: the configured one, or the largest divisor of its share.
 
@@ -81,7 +84,7 @@ class GlobalBatch:
     """Current global batch size, a pending request, and the accumulation they imply."""
 
     def __init__(
-        self, config: BatchConfig, micro_batch_size: int, data_parallel_size: int = 1, sequential_replicas: int = 1
+        self, config: BatchSettings, micro_batch_size: int, data_parallel_size: int = 1, sequential_replicas: int = 1
     ) -> None:
         self.micro_batch_size = micro_batch_size
         self.data_parallel_size = data_parallel_size

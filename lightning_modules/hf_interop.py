@@ -20,7 +20,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from common.errors import CheckpointError, ConfigError
-from lightning_modules.llama import Llama, LlamaConfig
+from lightning_modules.llama import Llama, LlamaSettings
 
 # Written into config.json; only a hint for inference tools, since rotary embeddings have no
 # length limit here. 4096 is Llama-2's training context.
@@ -73,7 +73,7 @@ class TokenizerIds:
 
 
 def to_hf_config_dict(
-    config: LlamaConfig,
+    config: LlamaSettings,
     max_position_embeddings: int = DEFAULT_MAX_POSITION_EMBEDDINGS,
     torch_dtype: str = "float32",
     tokenizer_ids: TokenizerIds | None = None,
@@ -84,7 +84,7 @@ def to_hf_config_dict(
     ``rope_theta`` is written at the top level, which both transformers 4.x and 5.x read.
     """
     if config.vocab_size is None:
-        raise ValueError("LlamaConfig.vocab_size is None; fill it in from the tokenizer before exporting.")
+        raise ValueError("LlamaSettings.vocab_size is None; fill it in from the tokenizer before exporting.")
     special = tokenizer_ids.config_entries() if tokenizer_ids is not None else {}
     return {
         "architectures": ["LlamaForCausalLM"],
@@ -109,7 +109,7 @@ def to_hf_config_dict(
     }
 
 
-def to_hf_generation_config_dict(config: LlamaConfig, tokenizer_ids: TokenizerIds) -> dict[str, Any]:
+def to_hf_generation_config_dict(config: LlamaSettings, tokenizer_ids: TokenizerIds) -> dict[str, Any]:
     """A ``generation_config.json`` dict: ``generate()`` stops at the end-of-document token and
     never emits the padded embedding rows (``suppress_tokens`` sets their logits to -inf)."""
     padded_ids = list(range(tokenizer_ids.vocab_size, config.vocab_size or 0))
@@ -139,14 +139,14 @@ def _reject_unsupported_hf_features(d: Mapping[str, Any]) -> None:
         )
 
 
-def from_hf_config_dict(d: Mapping[str, Any]) -> LlamaConfig:
+def from_hf_config_dict(d: Mapping[str, Any]) -> LlamaSettings:
     """Our config from a Hugging Face Llama ``config.json`` dict (transformers 4.x or 5.x).
 
     Missing optional keys take transformers' ``LlamaConfig`` defaults.
     """
     _reject_unsupported_hf_features(d)
     rope_theta = d.get("rope_theta", (d.get("rope_parameters") or {}).get("rope_theta", 10000.0))
-    return LlamaConfig(
+    return LlamaSettings(
         name=str(d.get("_name_or_path") or "hf_llama"),
         vocab_size=d["vocab_size"],
         n_layers=d["num_hidden_layers"],
@@ -204,7 +204,7 @@ def to_hf_state_dict(state_dict: Mapping[str, torch.Tensor]) -> dict[str, torch.
     return _rename_all(state_dict, (_TOP_LEVEL_TO_HF, _PER_LAYER_TO_HF, _OUR_LAYER_KEY, "model.layers."), "model")
 
 
-def from_hf_state_dict(hf_state_dict: Mapping[str, torch.Tensor], config: LlamaConfig) -> dict[str, torch.Tensor]:
+def from_hf_state_dict(hf_state_dict: Mapping[str, torch.Tensor], config: LlamaSettings) -> dict[str, torch.Tensor]:
     """Rename Hugging Face keys to ours; fill in ``output.weight`` for tied embeddings, whose
     Hugging Face files usually omit ``lm_head.weight``. Checks that every weight is present."""
     direction = (_TOP_LEVEL_FROM_HF, _PER_LAYER_FROM_HF, _HF_LAYER_KEY, "layers.")
@@ -215,12 +215,12 @@ def from_hf_state_dict(hf_state_dict: Mapping[str, torch.Tensor], config: LlamaC
     return ours
 
 
-def _expected_keys(config: LlamaConfig) -> set[str]:
+def _expected_keys(config: LlamaSettings) -> set[str]:
     layer_keys = {f"layers.{i}.{suffix}" for i in range(config.n_layers) for suffix in _PER_LAYER_TO_HF}
     return layer_keys | set(_TOP_LEVEL_TO_HF)
 
 
-def _check_complete(state_dict: Mapping[str, torch.Tensor], config: LlamaConfig) -> None:
+def _check_complete(state_dict: Mapping[str, torch.Tensor], config: LlamaSettings) -> None:
     """Missing or surplus layers mean the config and the weights disagree."""
     expected = _expected_keys(config)
     missing, surplus = expected - state_dict.keys(), state_dict.keys() - expected
@@ -274,7 +274,7 @@ def _safetensors_files(folder: Path) -> list[Path]:
     return files
 
 
-def load_hf_pretrained(path: str | Path) -> tuple[LlamaConfig, dict[str, torch.Tensor]]:
+def load_hf_pretrained(path: str | Path) -> tuple[LlamaSettings, dict[str, torch.Tensor]]:
     """Read a local Hugging Face Llama folder (``config.json`` + safetensors, sharded or not)
     into our config and state dict, without transformers."""
     folder = Path(path)
@@ -291,19 +291,19 @@ def load_hf_pretrained(path: str | Path) -> tuple[LlamaConfig, dict[str, torch.T
     return config, from_hf_state_dict(hf_state_dict, config)
 
 
-def _config_from_hyper_parameters(checkpoint: Mapping[str, Any], path: Path) -> LlamaConfig:
-    """The LlamaConfig saved by the LightningModule as ``hyper_parameters["model"]``
-    (a LlamaConfig, a dict or a Hydra DictConfig, possibly with a ``_target_`` key)."""
+def _config_from_hyper_parameters(checkpoint: Mapping[str, Any], path: Path) -> LlamaSettings:
+    """The LlamaSettings saved by the LightningModule as ``hyper_parameters["model"]``
+    (a LlamaSettings, or a mapping of its fields, possibly with a ``_target_`` key)."""
     model_hp = checkpoint.get("hyper_parameters", {}).get("model")
     if model_hp is None:
-        raise KeyError(f"{path} has no hyper_parameters['model'] holding the LlamaConfig fields.")
-    if isinstance(model_hp, LlamaConfig):
+        raise KeyError(f"{path} has no hyper_parameters['model'] holding the LlamaSettings fields.")
+    if isinstance(model_hp, LlamaSettings):
         return model_hp
     values = {key: model_hp[key] for key in model_hp if key != "_target_"}
-    unknown = values.keys() - {f.name for f in fields(LlamaConfig)}
+    unknown = values.keys() - {f.name for f in fields(LlamaSettings)}
     if unknown:
-        raise KeyError(f"{path}: hyper_parameters['model'] has keys that are not LlamaConfig fields: {sorted(unknown)}")
-    return LlamaConfig(**values)
+        raise KeyError(f"{path}: hyper_parameters['model'] has keys that are not LlamaSettings fields: {sorted(unknown)}")
+    return LlamaSettings(**values)
 
 
 def _model_state_dict(lightning_state_dict: Mapping[str, torch.Tensor], path: Path) -> dict[str, torch.Tensor]:
@@ -357,12 +357,12 @@ class CheckpointContents:
     the training clock, the optimizer state, ...): everything but the model weights.
     """
 
-    config: LlamaConfig
+    config: LlamaSettings
     state_dict: dict[str, torch.Tensor]
     metadata: dict[str, Any]
 
 
-def load_lightning_checkpoint(path: str | Path) -> tuple[LlamaConfig, dict[str, torch.Tensor]]:
+def load_lightning_checkpoint(path: str | Path) -> tuple[LlamaSettings, dict[str, torch.Tensor]]:
     """Our config and model state dict from a Lightning checkpoint of this project
     (see ``read_lightning_checkpoint``)."""
     contents = read_lightning_checkpoint(path)

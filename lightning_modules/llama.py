@@ -16,12 +16,20 @@ from __future__ import annotations
 
 import hashlib
 import math
+import dataclasses
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.distributed.tensor import DTensor, distribute_tensor
+
+from common.errors import ConfigError
+from settings.section import Section
+
+if TYPE_CHECKING:
+    from settings.run_context import RunContext
 
 # Llama rounds its SwiGLU width up to a multiple of 256 so the matmuls tile well on GPUs.
 MLP_MULTIPLE_OF = 256
@@ -40,17 +48,17 @@ def default_mlp_hidden(d_model: int) -> int:
 def _require_positive_int(name: str, value: object) -> None:
     """Reject zero, negative and non-integer sizes early, with the field named."""
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ValueError(f"LlamaConfig.{name} must be a positive integer, got {value!r}; set {name} to a value >= 1.")
+        raise ValueError(f"model.{name} must be a positive integer, got {value!r}; set {name} to a value >= 1.")
 
 
 def _require_positive_float(name: str, value: object) -> None:
     """Reject non-positive scalars (theta, eps, std) that would silently break the model."""
     if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
-        raise ValueError(f"LlamaConfig.{name} must be a positive number, got {value!r}; set {name} to a value > 0.")
+        raise ValueError(f"model.{name} must be a positive number, got {value!r}; set {name} to a value > 0.")
 
 
 @dataclass(kw_only=True)
-class LlamaConfig:
+class LlamaSettings(Section):
     """Shape and numerics of a Llama model.
 
     ``vocab_size`` may stay None in presets: the training code fills it in from the tokenizer
@@ -58,6 +66,8 @@ class LlamaConfig:
     (``n_heads``); ``mlp_hidden`` None means Llama's rule (``default_mlp_hidden``). Both are
     resolved in ``__post_init__``, so after construction they are always integers.
     """
+
+    key = "model"
 
     name: str = "custom"
     vocab_size: int | None = None
@@ -91,19 +101,39 @@ class LlamaConfig:
         rotary embeddings rotate dimension pairs, so the head dimension must be even."""
         if self.d_model % self.n_heads:
             raise ValueError(
-                f"LlamaConfig.d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads}); "
+                f"model.d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads}); "
                 "change d_model or n_heads so that every head gets d_model / n_heads dimensions."
             )
         if self.n_heads % self.n_kv_heads:
             raise ValueError(
-                f"LlamaConfig.n_heads ({self.n_heads}) must be divisible by n_kv_heads ({self.n_kv_heads}); "
+                f"model.n_heads ({self.n_heads}) must be divisible by n_kv_heads ({self.n_kv_heads}); "
                 "choose n_kv_heads as a divisor of n_heads (n_kv_heads = n_heads for standard attention)."
             )
         if self.head_dim % 2:
             raise ValueError(
-                f"LlamaConfig.d_model / n_heads = {self.head_dim} must be even for rotary embeddings; "
+                f"model.d_model / n_heads = {self.head_dim} must be even for rotary embeddings; "
                 "change d_model or n_heads."
             )
+
+    def with_vocab(self, tokenizer_vocab_size: int) -> LlamaSettings:
+        """The model with a missing vocabulary size filled in from the tokenizer, or checked to cover it.
+
+        A missing size is rounded up to a multiple of 64, which keeps the output matmul on
+        efficient shapes; the extra rows are never targets.
+        """
+        if self.vocab_size is None:
+            return dataclasses.replace(self, vocab_size=-(-tokenizer_vocab_size // 64) * 64)
+        if self.vocab_size < tokenizer_vocab_size:
+            raise ConfigError(
+                f"model.vocab_size={self.vocab_size} is smaller than the tokenizer's {tokenizer_vocab_size}"
+                f" tokens: set model.vocab_size={tokenizer_vocab_size} (or null to take it from the tokenizer)."
+            )
+        return self
+
+    def check_services(self, run: RunContext) -> None:
+        """A vocabulary set in the config covers the tokenizer's (a null one is taken from it)."""
+        if self.vocab_size is not None:
+            self.with_vocab(run.tokenizer_vocab_size())
 
     @property
     def head_dim(self) -> int:
@@ -179,7 +209,7 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch
 class Attention(nn.Module):
     """Causal self-attention with grouped-query attention and rotary embeddings."""
 
-    def __init__(self, config: LlamaConfig) -> None:
+    def __init__(self, config: LlamaSettings) -> None:
         super().__init__()
         self.n_heads = config.n_heads
         self.n_kv_heads = config.n_kv_heads
@@ -204,7 +234,7 @@ class Attention(nn.Module):
 class MLP(nn.Module):
     """SwiGLU feed-forward: down(silu(gate(x)) * up(x))."""
 
-    def __init__(self, config: LlamaConfig) -> None:
+    def __init__(self, config: LlamaSettings) -> None:
         super().__init__()
         self.gate_proj = nn.Linear(config.d_model, config.mlp_hidden, bias=False)
         self.up_proj = nn.Linear(config.d_model, config.mlp_hidden, bias=False)
@@ -217,7 +247,7 @@ class MLP(nn.Module):
 class TransformerBlock(nn.Module):
     """Pre-norm residual block: x + attention(norm(x)), then x + mlp(norm(x))."""
 
-    def __init__(self, config: LlamaConfig) -> None:
+    def __init__(self, config: LlamaSettings) -> None:
         super().__init__()
         self.attention_norm = RMSNorm(config.d_model, config.norm_eps)
         self.attention = Attention(config)
@@ -286,11 +316,11 @@ def init_parameter(param: torch.Tensor, name: str, std: float | None, seed: int)
 class Llama(nn.Module):
     """Token ids -> next-token logits. The loss lives in the training module."""
 
-    def __init__(self, config: LlamaConfig) -> None:
+    def __init__(self, config: LlamaSettings) -> None:
         super().__init__()
         if config.vocab_size is None:
             raise ValueError(
-                "LlamaConfig.vocab_size is None; set it from the tokenizer "
+                "LlamaSettings.vocab_size is None; set it from the tokenizer "
                 "(e.g. dataclasses.replace(config, vocab_size=len(tokenizer))) before building Llama."
             )
         self.config = config
@@ -388,7 +418,7 @@ class Llama(nn.Module):
         return F.cross_entropy(F.linear(hidden, weight).float(), labels)
 
 
-def count_parameters(config: LlamaConfig, include_embedding: bool = True) -> int:
+def count_parameters(config: LlamaSettings, include_embedding: bool = True) -> int:
     """Number of unique parameters (tied weights once), counted on the meta device (no memory).
 
     ``include_embedding=False`` leaves out the input embedding table, the convention for

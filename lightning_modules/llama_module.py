@@ -26,14 +26,14 @@ from lightning_modules.step_callback import StepCallback
 from common.data_groups import DataGroups
 from lightning_modules.float8 import float8_all_gather, precompute_fsdp_scales
 from lightning_modules.fused_cross_entropy import IGNORE_INDEX
-from lightning_modules.global_batch import BatchConfig, GlobalBatch
-from lightning_modules.llama import Llama, LlamaConfig, seed_from_global_rng
+from lightning_modules.global_batch import BatchSettings, GlobalBatch
+from lightning_modules.llama import Llama, LlamaSettings, seed_from_global_rng
 from lightning_modules.meta_init import fsdp1_param_init_fn, materialize_and_init
-from lightning_modules.lr_schedule import LRScheduleConfig, learning_rate
+from lightning_modules.lr_schedule import LRScheduleSettings, learning_rate
 from lightning_modules.optimizers.settings import OptimizerSettings
 from lightning_modules.resume_notes import resume_notes
 from lightning_modules.parallelism import (
-    LayoutConfig,
+    LayoutSettings,
     apply_layout,
     attention_backend,
     clip_grad_norm,
@@ -74,11 +74,11 @@ class LlamaLightningModule(L.LightningModule):
 
     def __init__(
         self,
-        model: LlamaConfig,
+        model: LlamaSettings,
         optimizer: OptimizerSettings,
-        lr_schedule: LRScheduleConfig,
-        batch: BatchConfig,
-        layout: LayoutConfig,
+        lr_schedule: LRScheduleSettings,
+        batch: BatchSettings,
+        layout: LayoutSettings,
         micro_batch_size: int,
         token_budget: int | None,
         sequential_replicas: int = 1,

@@ -19,14 +19,22 @@ count does not depend on how those tokens were batched once warmup is over.
 import math
 from dataclasses import dataclass
 
+from typing import TYPE_CHECKING
+
 from common.errors import ConfigError
+from settings.section import Section
+
+if TYPE_CHECKING:
+    from settings.run_context import RunContext
 
 SCHEDULES = ("constant", "linear", "cosine", "wsd")
 
 
 @dataclass(kw_only=True)
-class LRScheduleConfig:
+class LRScheduleSettings(Section):
     """User settings (``lr_schedule`` in ``conf/train.yaml``, where their defaults live)."""
+
+    key = "lr_schedule"
 
     name: str
     warmup_steps: int
@@ -48,6 +56,14 @@ class LRScheduleConfig:
         if not 0.0 < self.decay_fraction <= 1.0:
             raise ConfigError(f"lr_schedule.decay_fraction={self.decay_fraction} must lie in (0, 1].")
 
+    def check(self, run: "RunContext") -> None:
+        """A decaying schedule needs the token budget it decays to."""
+        if run.token_budget is None and self.name != "constant":
+            raise ConfigError(
+                f"lr_schedule.name={self.name} decays until the token budget: set token_budget,"
+                " or use lr_schedule.name=constant."
+            )
+
 
 def decay_shape(name: str, progress: float, decay_fraction: float) -> float:
     """s(p) in [0, 1]: the fraction of (peak - floor) left at decay progress p."""
@@ -63,7 +79,7 @@ def decay_shape(name: str, progress: float, decay_fraction: float) -> float:
 
 
 def learning_rate(
-    peak: float, config: LRScheduleConfig, step: int, tokens: int, token_budget: int | None
+    peak: float, config: LRScheduleSettings, step: int, tokens: int, token_budget: int | None
 ) -> float:
     """LR for optimizer step number ``step`` (1-based) taken after ``tokens`` tokens were seen."""
     if config.warmup_steps:
@@ -75,7 +91,7 @@ def learning_rate(
     return peak * warm * decay_factor(config, tokens, token_budget)
 
 
-def decay_factor(config: LRScheduleConfig, tokens: int, token_budget: int | None) -> float:
+def decay_factor(config: LRScheduleSettings, tokens: int, token_budget: int | None) -> float:
     """floor + (1 - floor) s(p): the schedule's decay at this token count, warmup aside."""
     if config.name == "constant":
         return 1.0

@@ -16,7 +16,8 @@ hidden): the two norms' inputs and outputs (4d), q, k, v (d + 2k), the attention
 (d), the MLP's gate, up, SiLU and product (4h) and the residual (d) -- 6d + 2k + 5h in
 total with the down projection's input counted in the product. Checkpointing keeps each
 block's input instead (``full``: d) or drops the MLP's part (``mlp``: 6d + 2k), plus one
-block's activations being recomputed. The loss adds the fp32 logits and their gradient
+block's activations being recomputed; with ``checkpoint_every`` n, only the blocks 0, n,
+2n, ... are checkpointed and the others keep everything. The loss adds the fp32 logits and their gradient
 (``plain``: 10 bytes per vocabulary entry: bf16 logits, fp32 copy and gradient) or a
 chunk's worth (``chunked``, ``liger``).
 """
@@ -24,7 +25,7 @@ chunk's worth (``chunked``, ``liger``).
 from dataclasses import dataclass
 
 from common.errors import ConfigError
-from lightning_modules.llama import LlamaConfig, count_parameters
+from lightning_modules.llama import LlamaSettings, count_parameters
 
 GIB = 2**30
 OPTIMIZER_STATES = {"adamw": 2, "muon": 1}  # values per parameter (Muon: a lower bound, its AdamW part has 2)
@@ -54,18 +55,21 @@ class MemoryPlan:
         return f"{states} = {self.states / GIB:.1f} GiB, + activations about {self.activations / GIB:.1f} GiB = {self.total / GIB:.1f} GiB"
 
 
-def activation_bytes_per_token(model: LlamaConfig, checkpointing: str, loss: str, compute_bytes: int) -> float:
+def activation_bytes_per_token(model: LlamaSettings, checkpointing: str, loss: str, compute_bytes: int,
+                               checkpoint_every: int = 1) -> float:  # fmt: skip
     """What backward keeps per token of a micro-batch (module docstring)."""
     d, k, h = model.d_model, model.n_kv_heads * model.head_dim, model.mlp_hidden
     block = 6 * d + 2 * k + 5 * h
     kept = {"none": block, "mlp": 6 * d + 2 * k, "full": d}[checkpointing]
     recomputed = 0 if checkpointing == "none" else block
+    checkpointed = -(-model.n_layers // checkpoint_every)  # blocks 0, n, 2n, ...
+    blocks = checkpointed * kept + (model.n_layers - checkpointed) * block
     head = 10 * model.vocab_size if loss == "plain" else 4 * d
-    return compute_bytes * (model.n_layers * kept + recomputed) + head
+    return compute_bytes * (blocks + recomputed) + head
 
 
-def memory_plan(model: LlamaConfig, *, precision: str, optimizer: str, shards: int, micro_batch: int, seq_len: int,
-                checkpointing: str, loss: str) -> MemoryPlan:  # fmt: skip
+def memory_plan(model: LlamaSettings, *, precision: str, optimizer: str, shards: int, micro_batch: int, seq_len: int,
+                checkpointing: str, loss: str, checkpoint_every: int = 1) -> MemoryPlan:  # fmt: skip
     """The plan of one device of a run (``shards``: devices the weights are split over)."""
     weight_bytes = 2 if precision == "bf16-true" else 4
     compute_bytes = 2 if "bf16" in precision else 4
@@ -74,7 +78,7 @@ def memory_plan(model: LlamaConfig, *, precision: str, optimizer: str, shards: i
         parameters=per_device * weight_bytes,
         gradients=per_device * weight_bytes,
         optimizer=per_device * weight_bytes * OPTIMIZER_STATES.get(optimizer, 2),
-        activations=micro_batch * seq_len * activation_bytes_per_token(model, checkpointing, loss, compute_bytes),
+        activations=micro_batch * seq_len * activation_bytes_per_token(model, checkpointing, loss, compute_bytes, checkpoint_every),
     )
 
 

@@ -8,7 +8,6 @@ compiles each block, and FSDP2 shards each (wrapped, compiled) block and then th
 
 import logging
 from contextlib import AbstractContextManager, nullcontext
-from dataclasses import dataclass
 
 import torch
 import torch.fx.experimental._config as fx_config
@@ -18,18 +17,11 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
 
-from common.errors import ConfigError
-from lightning_modules.float8 import FLOAT8_RECIPES, check_float8_available, convert_to_float8
+from lightning_modules.float8 import convert_to_float8
+from lightning_modules.layout_settings import LayoutSettings
 
 log = logging.getLogger(__name__)
 
-ACTIVATION_CHECKPOINTING = ("none", "full", "mlp")
-COMPILE = ("none", "blocks", "model")
-# Inductor's modes that keep the training step as it is (no CUDA graphs, which would need
-# static input buffers): ``max-autotune-no-cudagraphs`` benchmarks Triton matmul and fusion
-# configurations at compile time (minutes) for a faster step.
-COMPILE_MODES = ("default", "max-autotune-no-cudagraphs")
-LOSSES = ("plain", "chunked", "liger")
 ATTENTION_BACKENDS = {
     "flash": SDPBackend.FLASH_ATTENTION,
     "efficient": SDPBackend.EFFICIENT_ATTENTION,
@@ -38,69 +30,14 @@ ATTENTION_BACKENDS = {
 }
 
 
-@dataclass(kw_only=True)
-class LayoutConfig:
-    """User settings (``layout`` in ``conf/train.yaml``, where their defaults live).
-
-    - ``activation_checkpointing``: ``none``; ``full`` recomputes each transformer block in
-      backward; ``mlp`` recomputes only the SwiGLU MLPs (their hidden activations are the
-      largest per-token tensors, attention is kept).
-    - ``compile``: ``none``; ``blocks`` compiles each transformer block (with dynamic shapes
-      when a technique varies the sequence length, so lengths do not each recompile);
-      ``model`` compiles the whole forward, loss included.
-    - ``compile_mode``: Inductor's ``default``, or ``max-autotune-no-cudagraphs`` (autotunes
-      matmuls and fusions while compiling: minutes more, sometimes a faster step).
-    - ``reshard_after_forward``: FSDP2 only. True frees gathered parameters after forward
-      (ZeRO-3 style); False keeps them until backward (ZeRO-2 style: more memory, one
-      all-gather less per step).
-    - ``fsdp_mixed_precision``: FSDP2 only. Gather parameters and compute in bf16, reduce
-      gradients in fp32; the sharded master weights and the optimizer stay fp32.
-    - ``attention_backend``: ``auto`` lets PyTorch pick the fastest SDPA kernel
-      (FlashAttention on recent GPUs in bf16); ``flash``, ``efficient``, ``cudnn`` or
-      ``math`` force one, and fail loudly where it cannot run.
-    - ``loss``: ``plain`` computes the logits then the cross-entropy in fp32; ``chunked``
-      fuses the output projection and the cross-entropy by chunks of tokens, so the fp32
-      logits never exist whole (``fused_cross_entropy.py``); ``liger`` uses liger-kernel's
-      Triton version (CUDA, ``pip install -e ".[gpu]"``).
-    - ``liger_kernels``: route RMSNorm, SwiGLU and RoPE through liger-kernel (CUDA only).
-    - ``fused_adamw``: AdamW's fused CUDA kernel (on CPU: the multi-tensor one).
-    - ``float8``: ``none``; ``tensorwise`` or ``rowwise`` trains the blocks' linear layers in
-      float8 through torchao (``float8.py``; H100/H200/L40S/L4, ``pip install -e ".[float8]"``).
-    - ``float8_emulate``: run float8's casts with float32 matmuls (any device; tests).
-    """
-
-    activation_checkpointing: str
-    compile: str
-    compile_mode: str
-    reshard_after_forward: bool
-    fsdp_mixed_precision: bool
-    attention_backend: str
-    loss: str
-    liger_kernels: bool
-    fused_adamw: bool
-    float8: str
-    float8_emulate: bool
-
-    def __post_init__(self) -> None:
-        for name, choices in (("activation_checkpointing", ACTIVATION_CHECKPOINTING), ("compile", COMPILE),
-                              ("compile_mode", COMPILE_MODES),
-                              ("loss", LOSSES), ("attention_backend", ("auto", *ATTENTION_BACKENDS)),
-                              ("float8", FLOAT8_RECIPES)):  # fmt: skip
-            if getattr(self, name) not in choices:
-                raise ConfigError(f"layout.{name}={getattr(self, name)!r} is unknown; choose one of {choices}.")
-
-    @property
-    def needs_liger(self) -> bool:
-        return self.loss == "liger" or self.liger_kernels
-
-
 def attention_backend(name: str) -> AbstractContextManager:
     """A context in which SDPA uses only the named kernel (``auto``: PyTorch chooses)."""
     return nullcontext() if name == "auto" else sdpa_kernel([ATTENTION_BACKENDS[name]])
 
 
-def apply_activation_checkpointing(model: nn.Module, mode: str) -> None:
-    """Wrap blocks (or their MLPs) so their activations are recomputed in backward.
+def apply_activation_checkpointing(model: nn.Module, mode: str, every: int = 1) -> None:
+    """Wrap every ``every``-th block (or its MLP), from the first, so its activations are
+    recomputed in backward.
 
     torch's ``checkpoint_wrapper`` strips its own prefix from state-dict keys, so
     checkpoints and Hugging Face export look the same with and without it.
@@ -108,6 +45,8 @@ def apply_activation_checkpointing(model: nn.Module, mode: str) -> None:
     if mode == "none":
         return
     for index, block in enumerate(model.layers):
+        if index % every:
+            continue
         if mode == "full":
             model.layers[index] = checkpoint_wrapper(block)
         else:
@@ -154,21 +93,7 @@ def apply_loss_kernel(model: nn.Module, loss: str) -> None:
         model.loss_kernel = liger_linear_cross_entropy()
 
 
-def check_kernels_available(config: LayoutConfig) -> None:
-    """Refuse Liger or float8 where they cannot run (no package, no CUDA device, no float8
-    tensor cores), before any work."""
-    from lightning_modules.liger_kernels import liger_available
-
-    check_float8_available(config.float8, config.float8_emulate)
-
-    if config.needs_liger and not liger_available():
-        raise ConfigError(
-            "layout.loss=liger and layout.liger_kernels=true need liger-kernel on a CUDA GPU"
-            ' (pip install -e ".[gpu]"); elsewhere use layout.loss=chunked and layout.liger_kernels=false.'
-        )
-
-
-def liger_modules_compile(config: LayoutConfig, dynamic_seq_len: bool) -> bool:
+def liger_modules_compile(config: LayoutSettings, dynamic_seq_len: bool) -> bool:
     """Whether Liger's module kernels can go into this layout's compiled graph.
 
     On an H100 with torch 2.11 and liger-kernel 0.8.5, Dynamo fails with an AssertionError
@@ -178,7 +103,7 @@ def liger_modules_compile(config: LayoutConfig, dynamic_seq_len: bool) -> bool:
     return config.compile == "none" or not dynamic_seq_len
 
 
-def apply_layout(model: nn.Module, config: LayoutConfig, mesh: DeviceMesh | None = None, dynamic_seq_len: bool = False) -> None:
+def apply_layout(model: nn.Module, config: LayoutSettings, mesh: DeviceMesh | None = None, dynamic_seq_len: bool = False) -> None:
     """Apply the configured layout; ``mesh`` is the data-parallel mesh when sharding.
 
     Order, as torchtitan: kernels swapped in and float8 linear layers converted, then
@@ -199,7 +124,7 @@ def apply_layout(model: nn.Module, config: LayoutConfig, mesh: DeviceMesh | None
     apply_loss_kernel(model, config.loss)
     if config.float8 != "none":
         convert_to_float8(model, config.float8, config.float8_emulate, sharded=mesh is not None)
-    apply_activation_checkpointing(model, config.activation_checkpointing)
+    apply_activation_checkpointing(model, config.activation_checkpointing, config.checkpoint_every)
     if config.compile == "blocks":
         apply_compile(model, "blocks", dynamic_seq_len, config.compile_mode)
     if mesh is not None:
@@ -213,9 +138,7 @@ def data_parallel_mesh(device_mesh: DeviceMesh | None) -> DeviceMesh | None:
     if device_mesh is None:
         return None
     if device_mesh.mesh_dim_names and "tensor_parallel" in device_mesh.mesh_dim_names:
-        if device_mesh["tensor_parallel"].size() != 1:
-            raise ConfigError("tensor parallelism is not supported: set strategy.tensor_parallel_size=1.")
-        return device_mesh["data_parallel"]
+        return device_mesh["data_parallel"]  # its tensor-parallel size is 1 (strategy.tensor_parallel_size)
     return device_mesh
 
 

@@ -42,8 +42,8 @@ from torch import nn
 
 from lightning_modules.clock import TrainingClock
 from lightning_modules.global_batch import GlobalBatch
-from lightning_modules.llama import LlamaConfig
-from lightning_modules.parallelism import LayoutConfig
+from lightning_modules.llama import LlamaSettings
+from lightning_modules.parallelism import LayoutSettings
 
 Batch = dict[str, torch.Tensor]
 SequenceCutter = Callable[[Batch], Batch]
@@ -86,8 +86,8 @@ class TrainingState:
         self,
         global_batch: GlobalBatch,
         token_budget: int | None,
-        model_config: LlamaConfig,
-        layout: LayoutConfig,
+        model_config: LlamaSettings,
+        layout: LayoutSettings,
         log_every_n_steps: int,
     ) -> None:
         self.clock = TrainingClock()

@@ -14,7 +14,7 @@ import argparse
 import statistics
 import sys
 
-from benchmarks.loops import benchmark_config, framework_run, plain_tokens_per_sec
+from benchmarks.loops import benchmark_settings, framework_run, plain_tokens_per_sec
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -28,12 +28,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
-    cfg = benchmark_config(args.overrides, args.steps, args.warmup)
+    settings = benchmark_settings(args.overrides, args.steps, args.warmup)
 
     framework, plain = [], []
     for repeat in range(args.repeats):
-        framework.append(framework_run(cfg).tokens_per_sec)
-        plain.append(plain_tokens_per_sec(cfg, args.steps, args.warmup))
+        framework.append(framework_run(settings).tokens_per_sec)
+        plain.append(plain_tokens_per_sec(settings, args.steps, args.warmup))
         print(f"repeat {repeat + 1}: framework {framework[-1]:,.0f} tokens/s, plain {plain[-1]:,.0f} tokens/s",
               file=sys.stderr)  # fmt: skip
     median_framework, median_plain = statistics.median(framework), statistics.median(plain)

@@ -20,7 +20,7 @@ import argparse
 import statistics
 import sys
 
-from benchmarks.loops import benchmark_config, framework_run
+from benchmarks.loops import benchmark_settings, framework_run
 
 NEVER_GROWS = ["technique.adaptive_batch.eta=1e6", "technique.adaptive_batch.theta=1e6", "technique.adaptive_batch.nu=1e6"]
 
@@ -65,8 +65,8 @@ def main(argv: list[str] | None = None) -> None:
         rates: dict[str, list[float]] = {"technique": [], "baseline": []}
         for repeat in range(args.repeats):
             for side, overrides in (("technique", technique), ("baseline", baseline)):
-                cfg = benchmark_config(overrides + args.overrides, args.steps, args.warmup)
-                rates[side].append(framework_run(cfg).tokens_per_sec)
+                settings = benchmark_settings(overrides + args.overrides, args.steps, args.warmup)
+                rates[side].append(framework_run(settings).tokens_per_sec)
             print(f"{name}, repeat {repeat + 1}: {rates['technique'][-1]:,.0f} vs {rates['baseline'][-1]:,.0f} tokens/s",
                   file=sys.stderr)  # fmt: skip
         with_it, without = statistics.median(rates["technique"]), statistics.median(rates["baseline"])

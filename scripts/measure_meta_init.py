@@ -12,9 +12,9 @@ shards it (``benchmarks/meta_init_memory.py``).
 import argparse
 
 from hydra.utils import instantiate
-from omegaconf import OmegaConf
 
 from benchmarks.meta_init_memory import GB, MODEL_CONF, peak_increase_per_rank
+from settings.from_config import config_file
 from lightning_modules.llama import count_parameters
 
 
@@ -27,7 +27,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
-    config = instantiate(OmegaConf.load(MODEL_CONF / f"{args.preset}.yaml"))
+    config = instantiate(config_file(MODEL_CONF / f"{args.preset}.yaml"))
     fp32_bytes = 4 * count_parameters(config)
     with_meta = peak_increase_per_rank(config, args.world_size, meta=True)
     without = peak_increase_per_rank(config, args.world_size, meta=False)

@@ -19,6 +19,7 @@ from hydra import compose, initialize_config_dir
 from common.errors import ConfigError
 from launch.builders import instantiate_checked
 from launch.cli import COMPOSITION_ERRORS, composition_message, exit_code
+from settings.from_config import plain
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -31,7 +32,7 @@ def prepare(overrides: list[str]) -> None:
         if type(error).__name__ not in COMPOSITION_ERRORS:
             raise
         raise ConfigError(composition_message(error, overrides)) from None
-    data = instantiate_checked(cfg.data, "data", micro_batch_size=1, _convert_="all")
+    data = instantiate_checked(plain(cfg.data), "data", micro_batch_size=1, _convert_="all")
     data.prepare_data()
     print(f"ready: {Path(cfg.paths.cache_dir).resolve()} (token cache {data.fingerprint})")
 

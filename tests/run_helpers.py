@@ -16,12 +16,12 @@ from omegaconf import OmegaConf
 
 from benchmarks.memory_logger import MemoryLogger  # noqa: F401 - tests import it from here
 from launch.builders import build_callbacks, build_datamodule, build_module, build_trainer
-from launch.run_settings import check_config
+from settings.from_config import read_settings
 
-from launch.typed_settings import settings_from_config
-from lightning_modules.global_batch import BatchConfig, GlobalBatch
-from lightning_modules.llama import LlamaConfig
-from lightning_modules.parallelism import LayoutConfig
+from settings.typed import settings_from_config
+from lightning_modules.global_batch import BatchSettings, GlobalBatch
+from lightning_modules.llama import LlamaSettings
+from lightning_modules.parallelism import LayoutSettings
 from lightning_modules.training_state import TrainingState
 
 REPO = Path(__file__).resolve().parents[1]
@@ -97,7 +97,7 @@ def default_settings(cls: type, key: str, **overrides):
     return settings_from_config(cls, {**node, **overrides}, key)
 
 
-SMALL_MODEL = LlamaConfig(vocab_size=256, n_layers=2, d_model=64, n_heads=4, n_kv_heads=2, mlp_hidden=128)
+SMALL_MODEL = LlamaSettings(vocab_size=256, n_layers=2, d_model=64, n_heads=4, n_kv_heads=2, mlp_hidden=128)
 
 
 def training_state(
@@ -111,9 +111,9 @@ def training_state(
     log_every_n_steps: int = 1,
 ) -> TrainingState:
     """The real training state, as the training module builds it, for callbacks tested alone."""
-    batch = BatchConfig(global_batch_size=global_batch, micro_batch_size=micro, max_micro_batch_size=micro,
+    batch = BatchSettings(global_batch_size=global_batch, micro_batch_size=micro, max_micro_batch_size=micro,
                         max_global_batch_size=cap)  # fmt: skip
-    layout = default_settings(LayoutConfig, "layout", activation_checkpointing=checkpointing)
+    layout = default_settings(LayoutSettings, "layout", activation_checkpointing=checkpointing)
     state = TrainingState(GlobalBatch(batch, micro, ranks, replicas), budget, SMALL_MODEL, layout, log_every_n_steps)
     state.gradient_group_size = ranks
     return state
@@ -121,13 +121,13 @@ def training_state(
 
 def fit_in_process(cfg, callbacks: list | None = None, loggers: list | None = None, datamodule_hook=None):
     """Build a run from a composed config as train.py does, and fit it in this process."""
-    settings = check_config(cfg, processes=1)
+    settings = read_settings(cfg, processes=1)
     L.seed_everything(cfg.seed, verbose=False)
-    datamodule = build_datamodule(cfg, settings)
+    datamodule = build_datamodule(settings)
     if datamodule_hook is not None:
         datamodule_hook(datamodule)
-    module = build_module(cfg, settings, datamodule.vocab_size)
-    trainer = build_trainer(cfg, settings, list(loggers or []), build_callbacks(cfg, settings) + list(callbacks or []))
+    module = build_module(settings, datamodule.vocab_size)
+    trainer = build_trainer(settings, list(loggers or []), build_callbacks(settings) + list(callbacks or []))
     trainer.fit(module, datamodule=datamodule, ckpt_path=cfg.get("ckpt_path"))
     return module, trainer
 

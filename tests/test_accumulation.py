@@ -9,7 +9,7 @@ import torch.nn.functional as F
 
 from callbacks.seq_len_warmup.cutting import truncate
 from launch.builders import build_callbacks, build_datamodule, build_module, build_trainer
-from launch.run_settings import check_config
+from settings.from_config import read_settings
 from tests.run_helpers import TINY, compose_config
 
 
@@ -27,18 +27,18 @@ def one_step(tmp_path, micro: int, global_batch: int, train_seq_len: int | None 
                 "optimizer.grad_clip=null", "trainer.max_steps=1", "logger=none", "callbacks=none"],
         tmp_path,
     )  # fmt: skip
-    settings = check_config(cfg, processes=1)
+    settings = read_settings(cfg, processes=1)
     L.seed_everything(cfg.seed, verbose=False)
-    datamodule = build_datamodule(cfg, settings)
-    module = build_module(cfg, settings, datamodule.vocab_size)
+    datamodule = build_datamodule(settings)
+    module = build_module(settings, datamodule.vocab_size)
     capture = CaptureGradients()
-    trainer = build_trainer(cfg, settings, [], build_callbacks(cfg, settings) + [capture])
+    trainer = build_trainer(settings, [], build_callbacks(settings) + [capture])
     module.configure_model()
     if train_seq_len is not None:
         module.training_state.set_sequence_cutter(partial(truncate, length=train_seq_len))
     initial = copy.deepcopy(module.model)
     trainer.fit(module, datamodule=datamodule)
-    return capture.grads, initial, module, lambda: build_datamodule(cfg, settings)
+    return capture.grads, initial, module, lambda: build_datamodule(settings)
 
 
 def first_batches(make_datamodule, count: int):

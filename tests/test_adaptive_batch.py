@@ -23,7 +23,7 @@ from torch.func import functional_call, grad, vmap
 
 from callbacks.batch_size.adaptive import AdaptiveBatchSize
 from launch.builders import build_callbacks, build_datamodule, build_module, build_trainer
-from launch.run_settings import check_config
+from settings.from_config import read_settings
 from tests.run_helpers import train_losses, TINY, checkpoint_weights, compose_config, run_train
 
 STATISTICS = {
@@ -75,18 +75,18 @@ def reference(per_sequence: torch.Tensor, samples: list[list[int]]) -> dict[str,
 def one_device(tmp_path_factory):
     """One training step on one device; the initial model, the step's 8 rows, the logged statistics."""
     cfg = compose_config(ADAPTIVE + ["logger=none"], tmp_path_factory.mktemp("one_device"))
-    settings = check_config(cfg, processes=1)
+    settings = read_settings(cfg, processes=1)
     L.seed_everything(cfg.seed, verbose=False)
-    datamodule = build_datamodule(cfg, settings)
-    module = build_module(cfg, settings, datamodule.vocab_size)
-    callbacks = build_callbacks(cfg, settings)
-    trainer = build_trainer(cfg, settings, [], callbacks)
+    datamodule = build_datamodule(settings)
+    module = build_module(settings, datamodule.vocab_size)
+    callbacks = build_callbacks(settings)
+    trainer = build_trainer(settings, [], callbacks)
     module.configure_model()
     initial = copy.deepcopy(module.model)
     trainer.fit(module, datamodule=datamodule)
     adaptive = next(cb for cb in callbacks if isinstance(cb, AdaptiveBatchSize))
 
-    fresh = build_datamodule(cfg, settings)
+    fresh = build_datamodule(settings)
     fresh.setup("fit")
     loader = iter(fresh.train_dataloader())
     micro_batches = [next(loader) for _ in range(4)]

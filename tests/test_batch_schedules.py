@@ -9,7 +9,7 @@ from callbacks.batch_size.adaptive import AdaptiveBatchSize
 from callbacks.batch_size.lr_scaling import lr_scaling_for
 from callbacks.batch_size.noise_tests import SampleSums, noise_scale, required_batch
 from common.errors import ConfigError
-from launch.run_settings import check_config
+from settings.from_config import read_settings
 from lightning_modules.clock import TrainingClock
 from tests.run_helpers import TINY, compose_config, run_train, training_state
 
@@ -29,7 +29,7 @@ def test_test_formulas_by_hand():
 def settings_of(name: str, tmp_path, overrides: list[str]):
     """A technique's settings as the config files and these overrides give them."""
     cfg = compose_config(TINY + [f"+technique={name}"] + overrides, tmp_path)
-    return check_config(cfg).techniques[name]
+    return read_settings(cfg).techniques[name]
 
 
 def adaptive(tmp_path, eta: float, cap: int | None = None) -> AdaptiveBatchSize:
@@ -96,7 +96,7 @@ def test_stagewise_warmup_splits_the_token_budget_evenly(tmp_path):
     overrides = ["technique.batch_warmup.stage_sizes=[16,32,64]", "token_budget=3000", "batch.global_batch_size=16",
                  "batch.micro_batch_size=8", "batch.max_global_batch_size=64"]  # fmt: skip
     cfg = compose_config(TINY + ["+technique=batch_warmup"] + overrides, tmp_path)
-    settings = check_config(cfg)
+    settings = read_settings(cfg)
     warmup = settings.techniques["batch_warmup"]
     expected = {0: 16, 999: 16, 1000: 32, 1999: 32, 2000: 64, 2500: 64, 9000: 64}
     for tokens, size in expected.items():
@@ -128,7 +128,7 @@ def test_a_warmup_run_logs_the_linearly_scaled_learning_rate(tmp_path, tmp_path_
 def test_linear_rampup_follows_megatron(tmp_path):
     """16 -> 128 by 16: 7 increments over 4800 samples, one every 685.71 samples."""
     cfg = compose_config(TINY + ["+technique=batch_rampup", "batch.global_batch_size=128", "batch.micro_batch_size=8"], tmp_path)
-    settings = check_config(cfg)
+    settings = read_settings(cfg)
     rampup = settings.techniques["batch_rampup"]
     expected = {0: 16, 685: 16, 686: 32, 1372: 48, 2742: 64, 2743: 80, 4114: 96, 4799: 112, 4800: 128, 10**6: 128}
     for sequences, size in expected.items():
@@ -159,14 +159,14 @@ def test_linear_rampup_follows_megatron(tmp_path):
 )
 def test_impossible_settings_are_config_errors_naming_the_key(overrides, message, tmp_path):
     with pytest.raises(ConfigError) as error:
-        check_config(compose_config(TINY + overrides, tmp_path))
+        read_settings(compose_config(TINY + overrides, tmp_path))
     assert message in str(error.value)
 
 
 def seesaw_settings(tmp_path, *overrides):
     cfg = compose_config(TINY + ["+technique=seesaw", "lr_schedule.warmup_steps=0", "token_budget=1000",
                                  "batch.max_global_batch_size=64", *overrides], tmp_path)  # fmt: skip
-    settings = check_config(cfg)
+    settings = read_settings(cfg)
     return settings.techniques["seesaw"], settings.run
 
 

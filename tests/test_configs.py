@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 from hydra import compose, initialize_config_dir
 
-from launch.run_settings import check_config
+from settings.from_config import read_settings
 from tests.run_helpers import REPO, compose_config
 
 
@@ -23,7 +23,7 @@ def choices(group: str) -> list[str]:
     + ["trainer=gpu", "strategy=ddp", "strategy=fsdp2"],
 )
 def test_choice_composes_and_passes_checks(override: str, tmp_path: Path):
-    check_config(compose_config([override], tmp_path))
+    read_settings(compose_config([override], tmp_path))
 
 
 def test_slurm_launcher_composes():
@@ -37,7 +37,7 @@ def test_slurm_launcher_composes():
 def test_two_techniques_compose_into_one_run(tmp_path: Path):
     """The README's combination: each technique file adds its node, experiments compose them alike."""
     cfg = compose_config(["+technique=[seq_len_warmup,adaptive_batch]", "batch.max_micro_batch_size=4"], tmp_path)
-    settings = check_config(cfg)
+    settings = read_settings(cfg)
     assert list(settings.techniques) == ["seq_len_warmup", "adaptive_batch"]
-    combined = check_config(compose_config(["+experiment=combined"], tmp_path)).techniques
+    combined = read_settings(compose_config(["+experiment=combined"], tmp_path)).techniques
     assert list(combined) == ["seq_len_warmup", "adaptive_batch", "diloco"]

@@ -22,7 +22,7 @@ from benchmarks.torchft_groups import Lighthouse, free_port, last_own_line, log_
 from callbacks.diloco.torchft_group import group_store
 from callbacks.diloco import settings as diloco_settings
 from common.errors import ConfigError
-from launch.run_settings import check_config
+from settings.from_config import read_settings
 from tests.run_helpers import TINY, checkpoint_weights, compose_config, run_train
 
 DILOCO = [*TINY, "+technique=diloco", "batch.micro_batch_size=2", "batch.global_batch_size=4", "technique.diloco.sync_every=2",
@@ -167,7 +167,7 @@ def test_an_unreachable_lighthouse_is_one_line_within_seconds(tmp_path, tmp_path
 def test_a_malformed_lighthouse_address_is_one_line(tmp_path, address: str) -> None:
     cfg = compose_config([*DILOCO, "technique.diloco.backend=torchft", f"technique.diloco.torchft.lighthouse='{address}'"], tmp_path)
     with pytest.raises(ConfigError) as error:
-        check_config(cfg, processes=1)
+        read_settings(cfg, processes=1)
     assert str(error.value) == (
         f"technique.diloco.torchft.lighthouse={address!r} must be http://HOST:PORT of the lighthouse, the port in 1-65535"
         " (or set $TORCHFT_LIGHTHOUSE), e.g. http://127.0.0.1:29510."
@@ -178,7 +178,7 @@ def test_the_backend_without_the_package_names_the_install_command(tmp_path, mon
     cfg = compose_config([*DILOCO, "technique.diloco.backend=torchft"], tmp_path)
     monkeypatch.setattr(diloco_settings.importlib.util, "find_spec", lambda name: None)
     with pytest.raises(ConfigError) as error:
-        check_config(cfg, processes=1)
+        read_settings(cfg, processes=1)
     assert str(error.value) == "technique.diloco.backend=torchft needs the torchft package: pip install torchft==0.2.0"
 
 
@@ -211,7 +211,7 @@ def test_a_group_index_or_min_groups_outside_the_replicas_is_one_line(tmp_path, 
     cfg = compose_config([*DILOCO, "technique.diloco.backend=torchft", "technique.diloco.torchft.lighthouse=http://127.0.0.1:29510",
                           override], tmp_path)  # fmt: skip
     with pytest.raises(ConfigError) as error:
-        check_config(cfg, processes=1)
+        read_settings(cfg, processes=1)
     assert str(error.value) == message
 
 
@@ -219,7 +219,7 @@ def test_a_group_index_or_min_groups_outside_the_replicas_is_one_line(tmp_path, 
                                                       ("http://head-node:29510", False)])  # fmt: skip
 def test_a_group_on_a_loopback_lighthouse_is_reached_on_loopback(tmp_path, lighthouse: str, loopback: bool) -> None:
     cfg = compose_config([*DILOCO, "technique.diloco.backend=torchft", f"technique.diloco.torchft.lighthouse={lighthouse}"], tmp_path)
-    settings = check_config(cfg, processes=1).techniques["diloco"].torchft
+    settings = read_settings(cfg, processes=1).techniques["diloco"].torchft
     assert settings.reachable_host() == ("127.0.0.1" if loopback else socket.gethostname())
 
 

@@ -20,7 +20,7 @@ from hydra import compose, initialize_config_dir
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import OmegaConf
 
-from launch.run_settings import check_config, world_size
+from settings.from_config import read_settings
 from tests.run_helpers import REPO, run_train, train_in_process
 
 DOCUMENTS = [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md"))]
@@ -80,7 +80,7 @@ def compose_jobs(overrides: list[str]) -> list:
                          ids=lambda value: value[:90] if isinstance(value, str) else None)  # fmt: skip
 def test_train_command_composes_and_passes_the_checks(where, command):
     for cfg in compose_jobs(shlex.split(command)[2:]):
-        check_config(cfg, processes=world_size(cfg.trainer) or 1)
+        read_settings(cfg, processes=read_settings(cfg).trainer.stated_processes() or 1)
 
 
 def script_module(path: Path):

@@ -28,7 +28,7 @@ from evaluation.harness import evaluate
 from evaluation.lm_adapter import LlamaLM
 from common.errors import DataError
 from lightning_modules.hf_interop import save_hf_pretrained
-from lightning_modules.llama import Llama, LlamaConfig
+from lightning_modules.llama import Llama, LlamaSettings
 from tests.run_helpers import REPO, TINY, run_train
 
 EOS, MAX_LENGTH = 256, 48
@@ -48,7 +48,7 @@ GENERATIONS = [
 
 def tiny_model() -> Llama:
     torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=320, n_layers=2, d_model=32, n_heads=4, n_kv_heads=2, mlp_hidden=64)
+    config = LlamaSettings(vocab_size=320, n_layers=2, d_model=32, n_heads=4, n_kv_heads=2, mlp_hidden=64)
     return Llama(config).eval()
 
 

@@ -24,7 +24,7 @@ from data.datamodule import TextDataModule
 from data.tokenizer_export import save_hf_tokenizer
 from data.tokenizers import ByteTokenizer
 from lightning_modules.hf_interop import save_hf_pretrained
-from lightning_modules.llama import Llama, LlamaConfig
+from lightning_modules.llama import Llama, LlamaSettings
 from tests.run_helpers import REPO
 
 transformers = pytest.importorskip("transformers")
@@ -39,8 +39,8 @@ TEXTS = [
 ]
 
 
-def tiny_config() -> LlamaConfig:
-    return LlamaConfig(vocab_size=MODEL_ROWS, n_layers=2, d_model=32, n_heads=4, n_kv_heads=2, mlp_hidden=64)
+def tiny_config() -> LlamaSettings:
+    return LlamaSettings(vocab_size=MODEL_ROWS, n_layers=2, d_model=32, n_heads=4, n_kv_heads=2, mlp_hidden=64)
 
 
 def data_settings(cache_dir: Path, **tokenizer) -> dict:

@@ -6,10 +6,10 @@ import math
 import numpy as np
 import pytest
 
-from analysis.coordinate_search import BRACKETED
-from analysis.search_space import Choice, Range, SearchSpace
-from analysis.surrogate import posterior_mean
-from analysis.tuner import Search, Tuning, rises_on_both_sides
+from study.coordinate_search import BRACKETED
+from study.search_space import Choice, Range, SearchSpace
+from study.surrogate import posterior_mean
+from study.tuner import Search, Tuning, rises_on_both_sides
 
 X = Range("optimizer.lr", 1e-3, 1.6e-2, "log", 2, 1e-3, 1.6e-2)  # indices 0..4, hard limits at both ends
 Y = Choice("technique.diloco.outer_optimizer", ({"momentum": 0.0, "nesterov": False}, {"momentum": 0.9, "nesterov": True}))

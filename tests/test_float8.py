@@ -12,8 +12,8 @@ import torch
 from torch import nn
 
 from lightning_modules.float8 import convert_to_float8, float8_linear_config
-from lightning_modules.llama import Llama, LlamaConfig
-from lightning_modules.parallelism import LayoutConfig, apply_layout
+from lightning_modules.llama import Llama, LlamaSettings
+from lightning_modules.parallelism import LayoutSettings, apply_layout
 from tests.run_helpers import train_losses, OBSERVED, TINY, checkpoint_weights, default_settings, run_train
 
 torchao_float8 = pytest.importorskip("torchao.float8")
@@ -52,9 +52,9 @@ def test_a_float8_layer_multiplies_the_float8_values_of_its_input_and_weight(rec
 
 
 def test_only_the_blocks_linear_layers_are_converted():
-    layout = default_settings(LayoutConfig, "layout", float8="rowwise", float8_emulate=True)
+    layout = default_settings(LayoutSettings, "layout", float8="rowwise", float8_emulate=True)
     with torch.device("meta"):
-        model = Llama(LlamaConfig(n_layers=2, d_model=32, n_heads=4, n_kv_heads=2, mlp_hidden=64, vocab_size=96))
+        model = Llama(LlamaSettings(n_layers=2, d_model=32, n_heads=4, n_kv_heads=2, mlp_hidden=64, vocab_size=96))
     names_before = [name for name, _ in model.named_parameters()]
     apply_layout(model, layout)
     converted = {name for name, module in model.named_modules() if isinstance(module, Float8Linear)}
@@ -68,7 +68,7 @@ def test_only_the_blocks_linear_layers_are_converted():
 
 def test_convert_returns_what_it_converted():
     with torch.device("meta"):
-        model = Llama(LlamaConfig(n_layers=1, d_model=32, n_heads=4, vocab_size=96))
+        model = Llama(LlamaSettings(n_layers=1, d_model=32, n_heads=4, vocab_size=96))
     names = convert_to_float8(model, "tensorwise", emulate=True, sharded=False)
     assert len(names) == 7 and all(isinstance(model.get_submodule(name), Float8Linear) for name in names)
 

@@ -10,13 +10,13 @@ from lightning_modules.flops import (
     model_flops_per_token,
     peak_flops,
 )
-from lightning_modules.llama import Llama, LlamaConfig
+from lightning_modules.llama import Llama, LlamaSettings
 
 
 @pytest.mark.parametrize("tie", [False, True])
 @pytest.mark.parametrize("seq_len", [64, 256])
 def test_formula_matches_flop_counter(tie: bool, seq_len: int):
-    config = LlamaConfig(vocab_size=512, n_layers=3, d_model=256, n_heads=8, n_kv_heads=2, mlp_hidden=704,
+    config = LlamaSettings(vocab_size=512, n_layers=3, d_model=256, n_heads=8, n_kv_heads=2, mlp_hidden=704,
                          tie_embeddings=tie)  # fmt: skip
     batch = 2
     with torch.device("meta"):
@@ -35,7 +35,7 @@ def test_formula_matches_flop_counter(tie: bool, seq_len: int):
 
 
 def test_include_embedding_adds_the_input_table():
-    config = LlamaConfig(vocab_size=1000, n_layers=2, d_model=64, n_heads=4, mlp_hidden=128)
+    config = LlamaSettings(vocab_size=1000, n_layers=2, d_model=64, n_heads=4, mlp_hidden=128)
     assert matmul_parameters(config, include_embedding=True) - matmul_parameters(config) == 1000 * 64
 
 

@@ -9,8 +9,8 @@ import torch.nn.functional as F
 
 from lightning_modules import liger_kernels
 from lightning_modules.fused_cross_entropy import IGNORE_INDEX, linear_cross_entropy
-from lightning_modules.llama import MLP, Attention, Llama, LlamaConfig, RMSNorm
-from lightning_modules.parallelism import LayoutConfig, apply_layout
+from lightning_modules.llama import MLP, Attention, Llama, LlamaSettings, RMSNorm
+from lightning_modules.parallelism import LayoutSettings, apply_layout
 
 
 def make_case(n: int, d: int, v: int, dtype: torch.dtype = torch.float32, seed: int = 0):
@@ -184,7 +184,7 @@ def test_bad_shapes_and_chunk_size_are_rejected(shapes, chunk_size):
 
 
 # ---------------------------------------------------------------- optional Liger kernels
-CONFIG = LlamaConfig(vocab_size=64, n_layers=2, d_model=32, n_heads=4, n_kv_heads=2, mlp_hidden=64)
+CONFIG = LlamaSettings(vocab_size=64, n_layers=2, d_model=32, n_heads=4, n_kv_heads=2, mlp_hidden=64)
 
 
 def test_without_cuda_liger_is_unavailable_and_everything_falls_back():
@@ -259,8 +259,8 @@ def test_liger_module_kernels_stay_out_of_graphs_compiled_with_dynamic_shapes(mo
     layout that compiles with them keeps the plain modules; eager and static compiles swap."""
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(liger_kernels, "liger_fused_linear_cross_entropy", lambda *args, **kwargs: None)
-    layout = LayoutConfig(activation_checkpointing="none", compile=compile_mode, compile_mode="default", reshard_after_forward=True,
-                          fsdp_mixed_precision=False, attention_backend="auto", loss="plain", liger_kernels=True,
+    layout = LayoutSettings(activation_checkpointing="none", checkpoint_every=1, compile=compile_mode, compile_mode="default",
+                          reshard_after_forward=True, fsdp_mixed_precision=False, attention_backend="auto", loss="plain", liger_kernels=True,
                           fused_adamw=False, float8="none", float8_emulate=False)  # fmt: skip
     with torch.device("meta"):
         model = Llama(CONFIG)

@@ -3,11 +3,11 @@
 import pytest
 
 from common.errors import CheckpointError, ConfigError
-from lightning_modules.global_batch import BatchConfig, GlobalBatch, micro_batch_size_for
+from lightning_modules.global_batch import BatchSettings, GlobalBatch, micro_batch_size_for
 
 
-def config(global_batch: int = 32, micro: int | None = 4, cap: int | None = None, max_micro: int = 16) -> BatchConfig:
-    return BatchConfig(
+def config(global_batch: int = 32, micro: int | None = 4, cap: int | None = None, max_micro: int = 16) -> BatchSettings:
+    return BatchSettings(
         global_batch_size=global_batch, micro_batch_size=micro, max_micro_batch_size=max_micro, max_global_batch_size=cap
     )
 

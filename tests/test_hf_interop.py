@@ -23,7 +23,7 @@ from lightning_modules.hf_interop import (
     to_hf_config_dict,
     to_hf_state_dict,
 )
-from lightning_modules.llama import Llama, LlamaConfig
+from lightning_modules.llama import Llama, LlamaSettings
 
 os.environ["HF_HUB_OFFLINE"] = "1"
 transformers = pytest.importorskip("transformers")
@@ -32,8 +32,8 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 VOCAB, SEQ = 300, 13
 
 
-def random_config(tie: bool) -> LlamaConfig:
-    return LlamaConfig(
+def random_config(tie: bool) -> LlamaSettings:
+    return LlamaSettings(
         name="interop", vocab_size=VOCAB, n_layers=2, d_model=64, n_heads=4, n_kv_heads=2,
         mlp_hidden=96, rope_theta=500000.0, norm_eps=1e-6, tie_embeddings=tie, init_std=0.1,
     )  # fmt: skip
@@ -153,7 +153,7 @@ def lightning_checkpoint(model: Llama) -> dict:
     return {
         "state_dict": {f"model.{key}": value for key, value in model.state_dict().items()},
         "hyper_parameters": {
-            "model": {"_target_": "lightning_modules.llama.LlamaConfig", **dataclasses.asdict(model.config)},
+            "model": {"_target_": "lightning_modules.llama.LlamaSettings", **dataclasses.asdict(model.config)},
             "lr": 3e-4,
         },
         "global_step": 7,

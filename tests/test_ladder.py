@@ -15,11 +15,11 @@ from scipy import stats
 
 from analysis.ladder import Rung, fit_loss, held_out_settings, predict
 from analysis.runs import find_runs
-from analysis.search_space import Range, SearchSpace
-from analysis.study import StudySpec
-from analysis.trend import TrendPoint, judge_trend, slope
+from study.search_space import Range, SearchSpace
+from study.preset import StudySpec
+from study.trend import TrendPoint, judge_trend, slope
 from common.errors import ConfigError
-from lightning_modules.llama import LlamaConfig, count_parameters
+from lightning_modules.llama import LlamaSettings, count_parameters
 from tests.run_helpers import REPO, TINY, compose_config, run_train
 
 SIZES = ["ladder_0_1m", "ladder_0_3m", "ladder_0_65m", "ladder_1_2m", "ladder_2_1m"]
@@ -37,7 +37,7 @@ def test_each_ladder_size_composes_and_matches_the_parameter_formula(name: str, 
     model = {k: v for k, v in OmegaConf.to_container(cfg.model).items() if k != "_target_"}
     assert model["d_model"] == 24 * model["n_layers"] and model["d_model"] % model["n_heads"] == 0
     assert model["mlp_hidden"] == 4 * model["d_model"] and model["n_kv_heads"] == model["n_heads"]
-    n = count_parameters(LlamaConfig(**model))
+    n = count_parameters(LlamaSettings(**model))
     assert n == formula(model["n_layers"], model["d_model"], model["vocab_size"])
     nominal = float(name.removeprefix("ladder_").removesuffix("m").replace("_", ".")) * 1e6
     assert abs(n / nominal - 1) < 0.1  # the name says the size

@@ -6,13 +6,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from lightning_modules.llama import Llama, LlamaConfig
+from lightning_modules.llama import Llama, LlamaSettings
 from lightning_modules.optimizers.settings import decay_groups, trainable
 from common.errors import ConfigError
-from lightning_modules.parallelism import LayoutConfig, apply_layout, attention_backend
+from lightning_modules.parallelism import LayoutSettings, apply_layout, attention_backend
 from tests.run_helpers import default_settings
 
-CONFIG = LlamaConfig(vocab_size=64, n_layers=2, d_model=32, n_heads=4, n_kv_heads=2, mlp_hidden=64)
+CONFIG = LlamaSettings(vocab_size=64, n_layers=2, d_model=32, n_heads=4, n_kv_heads=2, mlp_hidden=64)
 
 
 def loss_and_grads(model: torch.nn.Module, tokens: torch.Tensor):
@@ -26,7 +26,7 @@ def test_activation_checkpointing_recomputes_the_same_gradients(mode):
     torch.manual_seed(0)
     reference = Llama(CONFIG)
     checkpointed = copy.deepcopy(reference)
-    apply_layout(checkpointed, default_settings(LayoutConfig, "layout", activation_checkpointing=mode))
+    apply_layout(checkpointed, default_settings(LayoutSettings, "layout", activation_checkpointing=mode))
     tokens = torch.randint(0, 64, (2, 17))
 
     loss, grads = loss_and_grads(reference, tokens)
@@ -44,7 +44,7 @@ def test_activation_checkpointing_recomputes_the_same_gradients(mode):
 )
 def test_unknown_layout_choices_are_rejected(setting, value):
     with pytest.raises(ConfigError, match=f"layout.{setting}"):
-        default_settings(LayoutConfig, "layout", **{setting: value})
+        default_settings(LayoutSettings, "layout", **{setting: value})
 
 
 @pytest.mark.parametrize(("loss", "compile"), [("chunked", "none"), ("plain", "blocks"), ("chunked", "model")])
@@ -53,7 +53,7 @@ def test_loss_kernels_and_compile_give_the_plain_loss_and_gradients(loss, compil
     torch.manual_seed(0)
     reference = Llama(CONFIG)
     laid_out = copy.deepcopy(reference)
-    apply_layout(laid_out, default_settings(LayoutConfig, "layout", loss=loss, compile=compile))
+    apply_layout(laid_out, default_settings(LayoutSettings, "layout", loss=loss, compile=compile))
     tokens = torch.randint(0, 64, (2, 17))
     loss_ref, grads_ref = loss_and_grads(reference, tokens)
     loss_new = laid_out(tokens[:, :-1], labels=tokens[:, 1:])
@@ -95,7 +95,7 @@ def test_dynamic_compile_does_not_recompile_when_the_first_length_equals_d_model
 
     torch._dynamo.reset()
     model = Llama(CONFIG)
-    apply_layout(model, default_settings(LayoutConfig, "layout", compile="blocks"), dynamic_seq_len=True)
+    apply_layout(model, default_settings(LayoutSettings, "layout", compile="blocks"), dynamic_seq_len=True)
     graphs = []
     for length in (CONFIG.d_model, 8, 16):  # the full length first, as the preallocation pass runs it
         model(torch.randint(0, 64, (2, length))).float().mean().backward()
@@ -108,6 +108,6 @@ def test_the_inductor_mode_reaches_every_compiled_block(monkeypatch, compile_mod
     calls = []
     monkeypatch.setattr(torch.nn.Module, "compile", lambda self, **kwargs: calls.append(kwargs))
     with torch.device("meta"):
-        model = Llama(LlamaConfig(n_layers=3, d_model=32, n_heads=4, vocab_size=64))
-    apply_layout(model, default_settings(LayoutConfig, "layout", compile="blocks", compile_mode=compile_mode))
+        model = Llama(LlamaSettings(n_layers=3, d_model=32, n_heads=4, vocab_size=64))
+    apply_layout(model, default_settings(LayoutSettings, "layout", compile="blocks", compile_mode=compile_mode))
     assert calls == [{"dynamic": None, "mode": expected}] * 3

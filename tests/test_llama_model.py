@@ -14,7 +14,7 @@ from omegaconf import OmegaConf
 
 from lightning_modules.llama import (
     Llama,
-    LlamaConfig,
+    LlamaSettings,
     apply_rotary,
     causal_attention,
     count_parameters,
@@ -28,15 +28,15 @@ EXPECTED_PRESETS = {
 }  # fmt: skip
 
 
-def load_preset(name: str) -> LlamaConfig:
+def load_preset(name: str) -> LlamaSettings:
     """Compose a preset exactly as Hydra would: instantiate its ``_target_``."""
     return instantiate(OmegaConf.load(MODEL_CONF / f"{name}.yaml"))
 
 
-def small_config(**overrides: object) -> LlamaConfig:
+def small_config(**overrides: object) -> LlamaSettings:
     """A 2-layer model; init_std 0.2 makes attention sharp enough that positions matter visibly."""
     fields = dict(vocab_size=97, n_layers=2, d_model=32, n_heads=4, n_kv_heads=2, mlp_hidden=64, init_std=0.2)
-    return LlamaConfig(**{**fields, **overrides})
+    return LlamaSettings(**{**fields, **overrides})
 
 
 def small_model(seed: int = 0, **overrides: object) -> Llama:
@@ -67,7 +67,7 @@ def test_every_preset_composes_and_builds_on_meta() -> None:
     assert EXPECTED_PRESETS <= {f.stem for f in files}
     for file in files:
         config = instantiate(OmegaConf.load(file))
-        assert isinstance(config, LlamaConfig), file.name
+        assert isinstance(config, LlamaSettings), file.name
         if config.vocab_size is None:  # tiny: the training code fills it in from the tokenizer
             config = dataclasses.replace(config, vocab_size=32000)
         with torch.device("meta"):
@@ -77,9 +77,9 @@ def test_every_preset_composes_and_builds_on_meta() -> None:
 
 def test_default_mlp_hidden_follows_llama_rule() -> None:
     """Llama-2-7B and 13B's published intermediate sizes follow the 8/3 * d rounded to 256 rule."""
-    assert LlamaConfig(n_layers=1, d_model=4096, n_heads=32).mlp_hidden == 11008
-    assert LlamaConfig(n_layers=1, d_model=5120, n_heads=40).mlp_hidden == 13824
-    assert LlamaConfig(n_layers=1, d_model=64, n_heads=4).n_kv_heads == 4
+    assert LlamaSettings(n_layers=1, d_model=4096, n_heads=32).mlp_hidden == 11008
+    assert LlamaSettings(n_layers=1, d_model=5120, n_heads=40).mlp_hidden == 13824
+    assert LlamaSettings(n_layers=1, d_model=64, n_heads=4).n_kv_heads == 4
 
 
 def test_rotary_matches_complex_reference() -> None:

@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from lightning_modules.lr_schedule import LRScheduleConfig, learning_rate
+from lightning_modules.lr_schedule import LRScheduleSettings, learning_rate
 from tests.run_helpers import default_settings
 
 PEAK, BUDGET = 1.0, 1000
@@ -12,9 +12,9 @@ PEAK, BUDGET = 1.0, 1000
 NONE_NAMED = {"warmup_steps": 0, "warmup_tokens": 0}
 
 
-def schedule(**settings) -> LRScheduleConfig:
+def schedule(**settings) -> LRScheduleSettings:
     """conf/train.yaml's lr_schedule with these settings (the YAML holds the defaults)."""
-    return default_settings(LRScheduleConfig, "lr_schedule", **{**NONE_NAMED, **settings})
+    return default_settings(LRScheduleSettings, "lr_schedule", **{**NONE_NAMED, **settings})
 
 
 def lr(name: str, step: int, tokens: int, **kwargs) -> float:

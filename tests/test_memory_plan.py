@@ -4,11 +4,11 @@ import pytest
 import torch
 
 from common.errors import ConfigError
-from lightning_modules.llama import LlamaConfig
+from lightning_modules.llama import LlamaSettings
 from lightning_modules.memory_plan import GIB, check_fits, memory_plan
 from tests.run_helpers import train_in_process
 
-LLAMA2_7B = LlamaConfig(name="llama2_7b", vocab_size=32000, n_layers=32, d_model=4096, n_heads=32, mlp_hidden=11008)
+LLAMA2_7B = LlamaSettings(name="llama2_7b", vocab_size=32000, n_layers=32, d_model=4096, n_heads=32, mlp_hidden=11008)
 # Llama-2-7B by hand: 2 embedding matrices, 32 x (4 attention + 3 MLP matrices + 2 norms), a final norm.
 LLAMA2_7B_PARAMETERS = 2 * 32000 * 4096 + 32 * (4 * 4096 * 4096 + 3 * 4096 * 11008 + 2 * 4096) + 4096
 

@@ -12,24 +12,24 @@ from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoi
 from torch.distributed.fsdp import FullyShardedDataParallel, fully_shard
 from torch.distributed.fsdp.wrap import ModuleWrapPolicy
 
-from lightning_modules.llama import Llama, LlamaConfig, TransformerBlock, count_parameters, seed_from_global_rng
+from lightning_modules.llama import Llama, LlamaSettings, TransformerBlock, count_parameters, seed_from_global_rng
 from lightning_modules.meta_init import fsdp1_param_init_fn, materialize_and_init
 from benchmarks.meta_init_memory import free_port, join_process_group, peak_increase_per_rank
 
 CPU = torch.device("cpu")
 # Odd vocabulary: the embedding's rows split unevenly over two ranks.
-SMALL = LlamaConfig(vocab_size=97, n_layers=2, d_model=32, n_heads=4, n_kv_heads=2, mlp_hidden=64)
+SMALL = LlamaSettings(vocab_size=97, n_layers=2, d_model=32, n_heads=4, n_kv_heads=2, mlp_hidden=64)
 # tinyllama_1b's structure at 1/12 of its size (95M parameters, 0.38 GB in fp32), the
 # vocabulary cut so that, as in tinyllama_1b, no single matrix is more than a few percent.
-MEMORY = LlamaConfig(vocab_size=2048, n_layers=8, d_model=1024, n_heads=16, n_kv_heads=4, mlp_hidden=2816)
+MEMORY = LlamaSettings(vocab_size=2048, n_layers=8, d_model=1024, n_heads=16, n_kv_heads=4, mlp_hidden=2816)
 
 
-def on_meta(config: LlamaConfig) -> Llama:
+def on_meta(config: LlamaSettings) -> Llama:
     with torch.device("meta"):
         return Llama(config)
 
 
-def reference(config: LlamaConfig, seed: int) -> dict[str, torch.Tensor]:
+def reference(config: LlamaSettings, seed: int) -> dict[str, torch.Tensor]:
     """A model built whole on the CPU, initialised with ``seed``."""
     model = Llama(config)
     model.init_weights(seed)
@@ -45,7 +45,7 @@ def assert_same_weights(state: dict[str, torch.Tensor], expected: dict[str, torc
 def test_materialised_weights_have_the_documented_distribution():
     """N(0, init_std) for embeddings and projections, init_std / sqrt(2 n_layers) for the two
     residual writers, ones for gains; tensors drawn independently of each other."""
-    config = LlamaConfig(vocab_size=1000, n_layers=4, d_model=256, n_heads=4, n_kv_heads=2, mlp_hidden=512)
+    config = LlamaSettings(vocab_size=1000, n_layers=4, d_model=256, n_heads=4, n_kv_heads=2, mlp_hidden=512)
     model = on_meta(config)
     materialize_and_init(model, CPU, seed=7)
     residual_std = 0.02 / math.sqrt(2 * 4)
@@ -76,7 +76,7 @@ def test_same_seed_same_weights_other_seed_other_weights():
 def test_meta_materialised_model_equals_one_built_whole(tie, checkpointing):
     """``torch.manual_seed(s); Llama(config)`` and the meta path with the seed drawn after
     building (building on meta draws nothing) give the same weights, wrappers or not."""
-    config = LlamaConfig(**{**vars(SMALL), "tie_embeddings": tie})
+    config = LlamaSettings(**{**vars(SMALL), "tie_embeddings": tie})
     torch.manual_seed(11)
     whole = Llama(config)
     torch.manual_seed(11)
@@ -99,7 +99,7 @@ def test_bf16_parameters_hold_the_rounded_fp32_draw():
 @pytest.mark.parametrize("tie", [False, True], ids=["untied", "tied"])
 def test_fsdp1_param_init_fn_called_module_by_module_equals_init_weights(tie):
     """What FSDP1 does with a meta model: the function on each module in breadth-first order."""
-    config = LlamaConfig(**{**vars(SMALL), "tie_embeddings": tie})
+    config = LlamaSettings(**{**vars(SMALL), "tie_embeddings": tie})
     model = on_meta(config)
     init_module = fsdp1_param_init_fn(model, seed=9, device=CPU)
     queue = collections.deque([model])
@@ -119,7 +119,7 @@ def sharded_builds(rank: int, world_size: int, port: int, out_dir: str) -> None:
     ids = torch.arange(24).reshape(2, 12) % SMALL.vocab_size
     results = {}
     for tie in (False, True):
-        config = LlamaConfig(**{**vars(SMALL), "tie_embeddings": tie})
+        config = LlamaSettings(**{**vars(SMALL), "tie_embeddings": tie})
         model = on_meta(config)
         for index, block in enumerate(model.layers):
             model.layers[index] = checkpoint_wrapper(block)
@@ -153,7 +153,7 @@ def test_two_sharded_processes_materialise_exactly_the_single_process_weights(tm
     ids = torch.arange(24).reshape(2, 12) % SMALL.vocab_size
     for key, (state, logits, tied) in results.items():
         tie = key.endswith("True")
-        config = LlamaConfig(**{**vars(SMALL), "tie_embeddings": tie})
+        config = LlamaSettings(**{**vars(SMALL), "tie_embeddings": tie})
         whole = Llama(config)
         whole.init_weights(5)
         assert_same_weights(state, whole.state_dict())

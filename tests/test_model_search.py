@@ -7,10 +7,10 @@ import random
 
 import pytest
 
-from analysis.coordinate_search import AT_LIMIT, BRACKETED, NOT_BRACKETED
-from analysis.model_search import forget_asked_rounds
-from analysis.search_space import MAX_EXTENSION, Choice, Range, SearchSpace, parse_anchors
-from analysis.tuner import Search, Tuning
+from study.coordinate_search import AT_LIMIT, BRACKETED, NOT_BRACKETED
+from study.joint_search import forget_asked_rounds
+from study.search_space import MAX_EXTENSION, Choice, Range, SearchSpace, parse_anchors
+from study.tuner import Search, Tuning
 from common.errors import ConfigError
 
 LR = Range("optimizer.lr", 1e-3, 4e-3, "log", 2, 2.5e-4, 3.2e-2)

@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from analysis.runs import load_run
-from lightning_modules.llama import Llama, LlamaConfig
+from lightning_modules.llama import Llama, LlamaSettings
 from lightning_modules.optimizers.muon import Muon, MuonSettings, hidden_matrices
 from tests.run_helpers import REPO, TINY, compose_config, run_train
 
@@ -53,7 +53,7 @@ def newton_schulz_float64(update: torch.Tensor, steps: int = 5, eps: float = 1e-
 
 def tiny_model() -> Llama:
     torch.manual_seed(0)
-    return Llama(LlamaConfig(vocab_size=64, n_layers=2, d_model=32, n_heads=4, n_kv_heads=2, mlp_hidden=96))
+    return Llama(LlamaSettings(vocab_size=64, n_layers=2, d_model=32, n_heads=4, n_kv_heads=2, mlp_hidden=96))
 
 
 def muon_settings(**overrides) -> MuonSettings:
@@ -206,7 +206,7 @@ def test_a_muon_run_resumes_exactly_and_refuses_another_optimizer(one_process, t
 )
 def test_optimizer_mistakes_name_the_key(overrides, message, tmp_path):
     from common.errors import ConfigError
-    from launch.run_settings import check_config
+    from settings.from_config import read_settings
 
     with pytest.raises(ConfigError, match=message.replace("[", r"\[").replace("(", r"\(").replace(")", r"\)")):
-        check_config(compose_config(TINY + overrides, tmp_path))
+        read_settings(compose_config(TINY + overrides, tmp_path))

@@ -67,8 +67,8 @@ def test_no_module_edits_sys_path():
 
 
 SEARCH_ROUNDS = """
-from analysis.model_search import replay
-from analysis.search_space import Range, SearchSpace
+from study.joint_search import replay
+from study.search_space import Range, SearchSpace
 space = SearchSpace((Range("optimizer.lr", 1e-3, 4e-3), Range("technique.diloco.sync_every", 10, 90, step=3)))
 results = {}
 for _ in range(3):  # the first round is random; the next two are the Gaussian process's

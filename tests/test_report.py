@@ -12,7 +12,7 @@ import yaml
 
 from analysis.report import PLOTS, band, build_report, pareto_front, study_report, write_report
 from analysis.runs import FINISHED, find_runs, load_run
-from analysis.study import StudySpec
+from study.preset import StudySpec
 from common.errors import ConfigError
 from tests.run_helpers import REPO, TINY, run_train
 

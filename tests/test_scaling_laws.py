@@ -154,7 +154,7 @@ def llama_parameters(d_model: int, n_layers: int, vocab: int, mlp: int) -> int:
 def write_fake_run(folder: Path, d_model: int, replicas: int | None, lr: float, batch: int, loss: float | None) -> None:
     """A run folder as train.py logger=csv leaves it, written by hand."""
     config = {
-        "model": {"_target_": "lightning_modules.llama.LlamaConfig", "vocab_size": 320, "n_layers": 2,
+        "model": {"_target_": "lightning_modules.llama.LlamaSettings", "vocab_size": 320, "n_layers": 2,
                   "d_model": d_model, "n_heads": 4, "n_kv_heads": 4, "mlp_hidden": 2 * d_model},
         "optimizer": {"lr": lr},
         "batch": {"global_batch_size": batch},

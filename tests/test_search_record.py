@@ -10,11 +10,11 @@ from wsgiref.util import setup_testing_defaults
 
 import pytest
 
-import analysis.model_search as model_search
-from analysis.model_search import forget_asked_rounds, replay
-from analysis.search_record import JOURNAL, LOCK, SearchRecord, fingerprint, open_storage
-from analysis.search_space import Range, SearchSpace
-from analysis.tuner import Search
+import study.joint_search as model_search
+from study.joint_search import forget_asked_rounds, replay
+from study.search_record import JOURNAL, LOCK, SearchRecord, fingerprint, open_storage
+from study.search_space import Range, SearchSpace
+from study.tuner import Search
 from common.errors import ConfigError
 
 SPACE = SearchSpace((Range("optimizer.lr", 1e-3, 4e-3, "log", 2, 2.5e-4, 3.2e-2), Range("technique.diloco.sync_every", 10, 90, "log", 3, 1, 300)))

@@ -7,7 +7,7 @@ import torch
 
 from callbacks.seq_len_warmup.cutting import reshape, truncate
 from common.errors import ConfigError
-from launch.run_settings import check_config
+from settings.from_config import read_settings
 from tests.run_helpers import OBSERVED, TINY, MemoryLogger, checkpoint_weights, compose_config, fit_in_process, run_train
 
 
@@ -17,7 +17,7 @@ def warmup_overrides(**settings) -> list[str]:
 
 def warmup_settings(tmp_path, seq_len: int = 64, **settings):
     cfg = compose_config(TINY + [f"data.seq_len={seq_len}"] + warmup_overrides(**settings), tmp_path)
-    return check_config(cfg).techniques["seq_len_warmup"]
+    return read_settings(cfg).techniques["seq_len_warmup"]
 
 
 @pytest.mark.parametrize(

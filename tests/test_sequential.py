@@ -7,11 +7,11 @@ import numpy as np
 import pytest
 from scipy import stats
 
-import analysis.looks as looks
-from analysis.claim_tests import Spread
-from analysis.looks import judge_in_looks
-from analysis.sequential import nominal_levels, spent
-from analysis.study import StudySpec
+import study.looks as looks
+from study.claim_tests import Spread
+from study.looks import judge_in_looks
+from study.sequential import nominal_levels, spent
+from study.preset import StudySpec
 from common.errors import ConfigError
 
 FIVE_LOOKS = (0.2, 0.4, 0.6, 0.8, 1.0)

@@ -8,8 +8,12 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from analysis.study import UNDERPOWERED, Spread, StudySpec, judge_claim
-from analysis.study_plan import JUDGE, TUNE, StudyPlan, TunedJob
+from study.preset import StudySpec
+
+from study.verdicts import UNDERPOWERED, judge_claim
+
+from study.claim_tests import Spread
+from study.plan import JUDGE, TUNE, StudyPlan, TunedJob
 from common.errors import ConfigError
 
 LR_SEARCH = {"optimizer.lr": {"low": 1e-3, "high": 4e-3, "scale": "log", "step": 2, "min": 2.5e-4, "max": 3.2e-2}}

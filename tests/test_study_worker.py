@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from analysis.study import StudySpec
-from analysis.study_plan import TUNE, StudyPlan
-from launch import study_worker
-from launch.job_folders import job_folders
+from study.preset import StudySpec
+from study.plan import TUNE, StudyPlan
+from study import worker as study_worker
+from study.job_folders import job_folders
 from launch.sweep_jobs import LOCK, MARKER, lock_is_live
 
 SPEC = {"searcher": "gp", "budget": 4, "round_size": 2, "tuning_seeds": [1], "seeds": [2, 3],

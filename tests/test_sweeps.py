@@ -15,11 +15,11 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import IntervalSweep, Override
 from omegaconf import DictConfig, OmegaConf
 
-from analysis.search_space import SearchSpace, format_value
-from analysis.study import StudySpec
-from analysis.coordinate_search import first_design
-from hydra_plugins.study_sweeper.study_sweeper import study_jobs
-from launch.run_settings import check_config
+from study.search_space import SearchSpace, format_value
+from study.preset import StudySpec
+from study.coordinate_search import first_design
+from study.jobs import study_jobs
+from settings.from_config import read_settings
 from lightning_modules.llama import default_mlp_hidden
 from tests.run_helpers import REPO, TINY, run_train
 
@@ -88,7 +88,7 @@ def test_every_job_of_the_preset_composes_and_passes_the_config_checks(preset: s
     for job in preset_jobs(preset):
         cfg = compose_train([f"+sweep={preset}", *job])
         assert_applied(cfg, job)
-        check_config(cfg)
+        read_settings(cfg)
         # A recipe's note ("expect a higher val/loss ...") is about its own run: a job prints
         # one only when its arm names an experiment.
         assert cfg.get("experiment_note") is None or any(o.startswith("+experiment=") for o in job), job

@@ -8,9 +8,10 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from launch.builders import build_module, wandb_identity, wandb_tags
+from launch.builders import build_module
+from settings.from_config import wandb_identity, wandb_tags
 from common.errors import ConfigError
-from launch.run_settings import check_config
+from settings.from_config import read_settings
 from lightning_modules.hf_interop import load_lightning_checkpoint
 from lightning_modules.llama import Llama
 from tests.run_helpers import REPO, TINY, compose_config, run_train
@@ -31,7 +32,7 @@ from tests.run_helpers import REPO, TINY, compose_config, run_train
 )
 def test_bad_config_is_rejected_with_a_message_naming_the_key(overrides, message, tmp_path):
     with pytest.raises(ConfigError) as error:
-        check_config(compose_config(TINY + overrides, tmp_path))
+        read_settings(compose_config(TINY + overrides, tmp_path))
     assert message in str(error.value)
 
 
@@ -87,7 +88,7 @@ def test_trained_checkpoint_exports_to_hf_and_seeds_a_new_run(tmp_path):
         assert (hf(input_ids=tokens).logits - trained(tokens)).abs().max() < 1e-4
 
     cfg = compose_config(TINY + [f"init_from_hf={export_dir}"], tmp_path / "seeded")
-    module = build_module(cfg, check_config(cfg, processes=1), vocab_size=257)
+    module = build_module(read_settings(cfg, processes=1), vocab_size=257)
     module.configure_model()
     for name, value in module.model.state_dict().items():
         assert torch.equal(value, state_dict[name]), name

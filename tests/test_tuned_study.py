@@ -102,11 +102,11 @@ def test_a_study_crossed_with_sizes_tunes_each_size_and_budgets_tokens_per_param
     assert result.returncode == 0, result.stderr[-3000:]
     runs = [load_run(path) for path in sorted((p for p in folder.iterdir() if p.name.isdigit()), key=lambda p: int(p.name))]
     budgets = {run.setting("model.d_model"): run.setting("token_budget") for run in runs}
-    from lightning_modules.llama import LlamaConfig, count_parameters
+    from lightning_modules.llama import LlamaSettings, count_parameters
 
     for width, budget in budgets.items():
         model = {k: v for k, v in runs[0].setting("model").items() if k not in ("_target_", "d_model")}
-        assert budget == round(0.05 * count_parameters(LlamaConfig(**model, d_model=width)))
+        assert budget == round(0.05 * count_parameters(LlamaSettings(**model, d_model=width)))
     report = study_report([folder])
     assert sorted(crossing for _, crossing in report.tunings) == [f"model.d_model={w} token_budget={budgets[w]}" for w in (32, 48)]
     assert all(tuning.tuned for tuning in report.tunings.values())
@@ -140,7 +140,7 @@ def record(folder: Path, overrides: list[str], finished: bool) -> None:
 
 
 def test_job_folders_reuse_the_folder_of_the_same_overrides_and_number_new_jobs_after_all(tmp_path: Path) -> None:
-    from launch.job_folders import job_folders
+    from study.job_folders import job_folders
 
     record(tmp_path / "0", ["a=1"], finished=True)
     record(tmp_path / "1", ["a=2"], finished=False)  # started, not finished: resumed in place
@@ -153,7 +153,7 @@ def test_job_folders_reuse_the_folder_of_the_same_overrides_and_number_new_jobs_
 
 def test_a_plain_study_whose_jobs_changed_stops_before_any_job_touches_a_folder(tmp_path: Path) -> None:
     from common.errors import ConfigError
-    from hydra_plugins.study_sweeper.study_sweeper import refuse_other_runs
+    from study.jobs import refuse_other_runs
 
     record(tmp_path / "0", ["a=1"], finished=True)
     refuse_other_runs(tmp_path, [["a=1"], ["a=2"]])  # the same job 0: resumes

@@ -8,10 +8,12 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from analysis.search_space import Choice, Range, SearchSpace, parse_search
-from analysis.study import NOT_RUN, NOT_TUNED, Spread, StudySpec, judge_claim, paired
-from analysis.coordinate_search import AT_LIMIT, BRACKETED, NOT_BRACKETED, first_design
-from analysis.tuner import Search, Tuning
+from study.search_space import Choice, Range, SearchSpace, parse_search
+from study.preset import StudySpec
+from study.verdicts import NOT_RUN, NOT_TUNED, judge_claim
+from study.claim_tests import Spread, paired
+from study.coordinate_search import AT_LIMIT, BRACKETED, NOT_BRACKETED, first_design
+from study.tuner import Search, Tuning
 from common.errors import ConfigError
 
 

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 import torch
 import torch._dynamo
 
-from benchmarks.loops import benchmark_config, framework_run, plain_tokens_per_sec
+from benchmarks.loops import benchmark_settings, framework_run, plain_tokens_per_sec
 
 
 @dataclass
@@ -65,11 +65,11 @@ def measure(result: RunResult, every_step: bool) -> None:
     overrides = result.overrides + (["trainer.log_every_n_steps=1"] if every_step else [])
     started = time.perf_counter()
     try:
-        cfg = benchmark_config(overrides, result.steps, result.warmup)
+        settings = benchmark_settings(overrides, result.steps, result.warmup)
         if result.loop == "plain":
-            result.tokens_per_sec = plain_tokens_per_sec(cfg, result.steps, result.warmup)
+            result.tokens_per_sec = plain_tokens_per_sec(settings, result.steps, result.warmup)
         else:
-            measured = framework_run(cfg)
+            measured = framework_run(settings)
             for name in ("tokens_per_sec", "mfu", "hfu", "peak_memory_gb", "losses"):
                 setattr(result, name, getattr(measured, name))
             if measured.tokens_per_sec is None:

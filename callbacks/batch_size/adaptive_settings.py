@@ -9,7 +9,8 @@ from typing import TYPE_CHECKING, ClassVar
 
 from callbacks.batch_size.lr_scaling import LRScaling, check_lr_scaling, lr_scaling_for
 from callbacks.batch_size.noise_tests import TESTS
-from callbacks.technique import RunContext, TechniqueSettings
+from callbacks.technique import TechniqueSettings
+from settings.run_context import RunContext
 from common.errors import ConfigError
 
 if TYPE_CHECKING:

@@ -4,7 +4,7 @@ import lightning as L
 
 from callbacks.batch_size.schedules import BatchSchedule
 from lightning_modules.step_callback import StepCallback
-from callbacks.technique import RunContext
+from settings.run_context import RunContext
 from lightning_modules.training_state import TrainingState
 
 

@@ -19,7 +19,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
 from callbacks.batch_size.lr_scaling import LRScaling, check_lr_scaling, lr_scaling_for
-from callbacks.technique import RunContext, TechniqueSettings
+from callbacks.technique import TechniqueSettings
+from settings.run_context import RunContext
 from common.errors import ConfigError
 from lightning_modules.clock import TrainingClock
 

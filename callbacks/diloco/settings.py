@@ -3,7 +3,6 @@
 Torch-free apart from checking the outer optimizer, which imports ``torch.optim``.
 """
 
-import importlib
 import importlib.util
 import os
 import socket
@@ -12,7 +11,9 @@ from urllib.parse import urlparse
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from callbacks.diloco.exchange import COMPRESSIONS
-from callbacks.technique import RunContext, TechniqueSettings
+from callbacks.technique import TechniqueSettings
+from settings.run_context import RunContext
+from settings.typed import class_named
 from common.data_groups import DataGroups
 from common.errors import ConfigError
 
@@ -42,7 +43,7 @@ class TorchftSettings:
     warn_after_rounds: a group that has committed none of this many rounds in a row says
         so, with its pace against its peers' (and again after as many more).
     per_group_keys: config keys, beyond the built-in per-group ones, that may differ
-        between the groups (``launch/shared_settings.py``); they must not change training.
+        between the groups (``settings/from_config.py``); they must not change training.
     """
 
     lighthouse: str | None
@@ -158,18 +159,9 @@ class DiLoCoSettings(TechniqueSettings):
     def outer_optimizer_class(self) -> "type[torch.optim.Optimizer]":
         import torch
 
-        target = str(self.outer_optimizer.get("_target_", ""))
-        module_name, _, class_name = target.rpartition(".")
-        try:
-            cls = getattr(importlib.import_module(module_name), class_name) if module_name else None
-        except (ImportError, AttributeError):
-            cls = None
-        if not (isinstance(cls, type) and issubclass(cls, torch.optim.Optimizer)):
-            raise ConfigError(
-                f"{self.key}.outer_optimizer._target_={target!r} is not a torch.optim optimizer class;"
-                " use e.g. torch.optim.SGD."
-            )
-        return cls
+        target = self.outer_optimizer.get("_target_", "")
+        key = f"{self.key}.outer_optimizer._target_"
+        return class_named(target, key, torch.optim.Optimizer, "a torch.optim optimizer class", "use e.g. torch.optim.SGD")
 
     def make_outer_optimizer(self, parameters: "list[torch.Tensor]") -> "torch.optim.Optimizer":
         """The configured outer optimizer over the anchor tensors."""
@@ -268,7 +260,7 @@ class DiLoCoSettings(TechniqueSettings):
             )
         return address, parsed.hostname, port
 
-    def check_services(self) -> None:
+    def check_services(self, run: RunContext) -> None:
         """The lighthouse answers on its port within ``LIGHTHOUSE_CONNECT_S``."""
         if not self.fault_tolerant:
             return

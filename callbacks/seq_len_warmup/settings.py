@@ -15,7 +15,8 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
-from callbacks.technique import RunContext, TechniqueSettings
+from callbacks.technique import TechniqueSettings
+from settings.run_context import RunContext
 from common.errors import ConfigError
 
 if TYPE_CHECKING:

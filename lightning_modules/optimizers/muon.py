@@ -41,6 +41,7 @@ from torch import nn
 from common.errors import ConfigError
 from lightning_modules.llama import TransformerBlock
 from lightning_modules.optimizers.settings import OptimizerSettings, check_betas, decay_groups, trainable
+from settings.run_context import RunContext
 
 ADJUST_LR = ("match_rms_adamw", "original")
 NS_DTYPES = ("auto", "bfloat16", "float32")
@@ -187,8 +188,8 @@ class MuonSettings(OptimizerSettings):
         if self.ns_dtype not in NS_DTYPES:
             raise ConfigError(f"optimizer.ns_dtype={self.ns_dtype!r} is unknown; choose one of {NS_DTYPES}.")
 
-    def check(self, strategy: str) -> None:
-        if strategy == "fsdp":
+    def check(self, run: RunContext) -> None:
+        if run.strategy == "fsdp":
             raise ConfigError(
                 "optimizer=muon (the default) needs whole matrices, but strategy=fsdp (FSDP1) flattens parameters"
                 " into 1-D shards: use strategy=fsdp2 or strategy=ddp, or optimizer=adamw."

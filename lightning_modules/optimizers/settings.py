@@ -23,13 +23,15 @@ import torch
 from torch import nn
 
 from common.errors import ConfigError
+from settings.section import Section
 from lightning_modules.llama import RMSNorm
 
 
 @dataclass(kw_only=True)
-class OptimizerSettings(ABC):
+class OptimizerSettings(Section, ABC):
     """Settings every optimizer has: the peak learning rate, weight decay and clipping."""
 
+    key = "optimizer"
     #: Saved in checkpoints; resuming with another kind is refused.
     kind: ClassVar[str]
 
@@ -44,9 +46,6 @@ class OptimizerSettings(ABC):
             raise ConfigError(f"optimizer.weight_decay={self.weight_decay} must be >= 0.")
         if self.grad_clip is not None and self.grad_clip <= 0:
             raise ConfigError(f"optimizer.grad_clip={self.grad_clip} must be > 0, or null to disable clipping.")
-
-    def check(self, strategy: str) -> None:
-        """Raise ``ConfigError`` if the optimizer cannot work under this strategy."""
 
     @abstractmethod
     def build(self, model: nn.Module, fused: bool) -> torch.optim.Optimizer:

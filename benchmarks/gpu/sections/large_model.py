@@ -11,10 +11,9 @@ from typing import Any
 
 from benchmarks.gpu.suite import Suite
 from benchmarks.gpu.tables import MFU, PEAK, STATUS, TOKENS, Column, Table
-from benchmarks.loops import benchmark_config
-from launch.builders import build_datamodule, vocab_for
-from launch.run_settings import check_config
-from lightning_modules.memory_plan import GIB, MemoryPlan, memory_plan
+from benchmarks.loops import benchmark_settings
+from launch.builders import build_datamodule
+from lightning_modules.memory_plan import GIB, MemoryPlan
 
 LARGE_COLUMNS = [
     Column("model", "model"),
@@ -31,14 +30,10 @@ ACCUMULATION = 2  # micro-batches per step: the step's fixed costs (optimizer, g
 
 
 def planned(overrides: list[str]) -> MemoryPlan:
-    """The run's memory plan, from its composed config as the run itself computes it."""
-    cfg = benchmark_config(overrides, 1, 0)
-    settings = check_config(cfg)
-    model = vocab_for(settings.model, build_datamodule(cfg, settings).vocab_size)
-    run = settings.run
-    return memory_plan(model, precision=str(cfg.trainer.precision), optimizer=settings.optimizer.kind,
-                       shards=run.world_size or 1, micro_batch=run.micro_batch_size, seq_len=run.seq_len,
-                       checkpointing=settings.layout.activation_checkpointing, loss=settings.layout.loss)  # fmt: skip
+    """The run's memory plan, from its settings, as the run itself computes it."""
+    settings = benchmark_settings(overrides, 1, 0)
+    datamodule = build_datamodule(settings)
+    return settings.layout.memory_plan(settings.services_run(lambda: datamodule.vocab_size))
 
 
 def large_model(suite: Suite) -> Table:

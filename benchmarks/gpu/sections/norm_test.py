@@ -18,7 +18,7 @@ from benchmarks.gpu.suite import Suite
 from benchmarks.gpu.tables import Column, Table, decimals, percent, rate
 from callbacks.batch_size.gradient_samples import squared_norms
 from lightning_modules.llama import Llama
-from launch.typed_settings import settings_from_config
+from settings.typed import settings_from_config
 
 NORM_COLUMNS = [
     Column("layout", "layout"),
@@ -80,13 +80,12 @@ def norm_row(layout: str, baseline: RunResult, tested: RunResult, profiles: tupl
 def squared_norm_error(model_name: str, device: str) -> float:
     """Relative error of the norm test's squared norms on the device, over random gradients of
     the model's parameter shapes, against float64."""
-    from omegaconf import OmegaConf
-
     from benchmarks.loops import REPO
-    from lightning_modules.llama import LlamaConfig
+    from lightning_modules.llama import LlamaSettings
+    from settings.from_config import config_file
 
-    node = OmegaConf.load(REPO / "conf" / "model" / f"{model_name}.yaml")
-    config = settings_from_config(LlamaConfig, {**OmegaConf.to_container(node), "vocab_size": 32000}, "model")
+    node = config_file(REPO / "conf" / "model" / f"{model_name}.yaml")
+    config = settings_from_config(LlamaSettings, {**node, "vocab_size": 32000}, "model")
     with torch.device("meta"):
         shapes = [p.shape for p in Llama(config).parameters()]
     generator = torch.Generator(device).manual_seed(0)

@@ -1,7 +1,7 @@
 """One worker's loop over a tuned study's plan: run the open jobs no other worker holds, wait
 only when there are none.
 
-The plan (``analysis/study_plan.py``) lays out each search's rounds from the finished jobs
+The plan (``study/plan.py``) lays out each search's rounds from the finished jobs
 alone. Workers started with the same command share them through the job folders' locks
 (``launch/sweep_jobs.py``): a worker launches every open job no live worker holds, records
 the final metrics of those that finished, and asks the plan again. So a search whose round
@@ -17,8 +17,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from analysis.study_plan import StudyPlan, TunedJob
-from launch.job_folders import job_folders
+from study.plan import StudyPlan, TunedJob
+from study.job_folders import job_folders
 from launch.sweep_jobs import LOCK, MARKER, SweepJob, lock_is_live
 
 log = logging.getLogger(__name__)

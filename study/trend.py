@@ -7,15 +7,16 @@ of those per-size means against log10 N (N: the model's parameter count). Seeds 
 share its model and settings, so they are not independent points of the line: the slope's
 standard error has sizes - 2 degrees of freedom, its spread the per-size means' scatter about
 the line (which holds their seed noise). The claim's tests are made on the slope as on a
-difference (``analysis/claim_tests.py``): ``lower_than: 0`` is superiority, the gap shrinks
+difference (``study/claim_tests.py``): ``lower_than: 0`` is superiority, the gap shrinks
 with N (a one-sided t-test at 2.5%), with the slope the seeds resolve at 80% power beside it.
 """
 
 import math
 from dataclasses import dataclass
 
-from analysis.claim_tests import Estimate
-from analysis.study import NOT_RUN, NOT_TUNED, Claim, Verdict, combine, describe, judged, margin
+from study.claim_tests import Estimate
+from study.preset import Claim
+from study.verdicts import NOT_RUN, NOT_TUNED, Verdict, combine, describe, judged, margin
 
 
 @dataclass(frozen=True)

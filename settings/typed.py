@@ -1,4 +1,4 @@
-"""Config sections to typed settings dataclasses, with every key and type checked.
+"""Plain config values to typed settings dataclasses, with every key and type checked.
 
 Hydra composes overrides as they are typed (``optimizer.lr=abc`` is the string "abc"), and
 the settings dataclasses hold no defaults (the YAML files are the one source), so this is
@@ -6,31 +6,24 @@ where a wrong key or a wrong type becomes a message that names the setting.
 """
 
 import dataclasses
+import importlib
 import types
 import typing
 from typing import Any, TypeVar
-
-from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from common.errors import ConfigError
 
 T = TypeVar("T")
 
 
-def plain(node: Any) -> Any:
-    """A config node as plain Python values (interpolations resolved)."""
-    if isinstance(node, (DictConfig, ListConfig)):
-        return OmegaConf.to_container(node, resolve=True)
-    return node
-
-
-def settings_from_config(cls: type[T], node: Any, key: str) -> T:
-    """Build ``cls`` from a config section: unknown keys, missing keys and wrong types are ConfigErrors.
+def settings_from_config(cls: type[T], node: dict[str, Any] | None, key: str) -> T:
+    """Build ``cls`` from a config section (plain values): unknown keys, missing keys and wrong
+    types are ConfigErrors.
 
     The dataclass's own ``__post_init__`` then checks ranges; its ``ValueError``s (or a
     ``TypeError`` from a mistake it did not anticipate) are reported under ``key`` too.
     """
-    values = dict(plain(node) or {})
+    values = dict(node or {})
     values.pop("_target_", None)
     fields = {field.name: field for field in dataclasses.fields(cls) if field.init}
     unknown = sorted(set(values) - set(fields))
@@ -114,3 +107,16 @@ def describe(hint: Any) -> str:
         return f"a list of {describe(args[0]).split(' ', 1)[1]}s" if args else "a list"
     names = {bool: "true or false", int: "an integer", float: "a number", str: "a string", dict: "a mapping"}
     return names.get(hint, f"a {getattr(hint, '__name__', hint)}")
+
+
+def class_named(target: Any, key: str, base: type, kind: str, hint: str) -> type:
+    """The class a config node names in ``_target_`` (``package.module.Class``), which must
+    derive from ``base``; anything else is a ConfigError: ``key=target is not KIND; HINT.``"""
+    module_name, _, class_name = str(target).rpartition(".")
+    try:
+        cls = getattr(importlib.import_module(module_name), class_name) if module_name else None
+    except (ImportError, AttributeError):
+        cls = None
+    if not (isinstance(cls, type) and issubclass(cls, base)):
+        raise ConfigError(f"{key}={target!r} is not {kind}; {hint}.")
+    return cls

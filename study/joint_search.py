@@ -1,6 +1,6 @@
 """The joint search: Optuna's samplers proposing points of a study's space in rounds.
 
-The coordinate rule (``analysis/coordinate_search.py``) moves one setting at a time, so it
+The coordinate rule (``study/coordinate_search.py``) moves one setting at a time, so it
 stops on a ridge where settings act together (an outer LR and its momentum: the outer step
 scales about as lr / (1 - momentum)) once no single-axis neighbour is better. A model of the
 whole surface does not: Optuna's Gaussian-process sampler (``gp``, the default), its
@@ -27,7 +27,7 @@ over the tuning seeds, so a resumed study, or a second worker, proposes the same
   spike that flattens the rest of the surface.
 - **Own points.** The winner is picked among the points the sampler chose itself; an anchor
   it never chose stays a control, which is what lets the regret check
-  (``analysis/tuner.py``) say the search fell short of a known point.
+  (``study/tuner.py``) say the search fell short of a known point.
 
 The model is fitted in one thread (results then never depend on the machine's thread count,
 which would let two workers disagree on a round). A process keeps the study as each round was
@@ -44,8 +44,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from analysis.search_record import ANCHOR, OWN, REPEAT, Round, SearchRecord
-from analysis.search_space import Choice, Point, SearchSpace
+from study.search_record import ANCHOR, OWN, REPEAT, Round, SearchRecord
+from study.search_space import Choice, Point, SearchSpace
 
 SAMPLERS = ("gp", "tpe", "random")
 #: Sampled repeats of a run (or open) point in a row before a random unrun point is taken.
@@ -107,7 +107,7 @@ def _params(point: Point) -> dict[str, int]:
 def replay(space: SearchSpace, sampler: str, seed: int, budget: int, round_size: int, anchors: tuple[Point, ...],
            results: dict[Point, float], record: "SearchRecord | None" = None) -> Replay:  # fmt: skip
     """The search's rounds replayed over ``results`` (point -> mean loss over the tuning seeds);
-    with a ``record`` (``analysis/search_record.py``) each round recorded there is taken as it
+    with a ``record`` (``study/search_record.py``) each round recorded there is taken as it
     was asked, and each round asked here is recorded (unless a worker recorded it first)."""
     import optuna
 

@@ -1,7 +1,7 @@
 """The tests a study's claims name: an arm's final values against a baseline's, over seeds.
 
 A claim's condition names the hypothesis test it makes, so a verdict never claims more than
-its test shows (``analysis/study.py`` parses them; the values are the thresholds):
+its test shows (``study/preset.py`` parses them; the values are the thresholds):
 
 - ``lower_than: T`` / ``higher_than: T`` - **superiority**: the difference (arm minus
   baseline) is below (above) T; T = 0 is plain "ends lower", T < 0 "lower by more than |T|".
@@ -14,7 +14,7 @@ its test shows (``analysis/study.py`` parses them; the values are the thresholds
 
 Each has a ``ratio_`` form on ``mean(arm) / mean(baseline)`` (``ratio_lower_than: 0.7``: "with
 less than 0.7 of the baseline's steps"; ratio margins are factors: ``ratio_within: 1.05``). A
-trend claim (``analysis/trend.py``) makes the same tests on a slope.
+trend claim (``study/trend.py``) makes the same tests on a slope.
 
 Every test passes (**holds**) when its interval lies inside the claim's region, **fails** when
 the interval lies wholly outside it, and is otherwise unresolved. The **resolvable
@@ -22,7 +22,7 @@ difference** is the distance from the region's edge that the test would resolve 
 power at the spread measured, ``(t(1 - alpha) + t(power)) * se`` (for equivalence the power
 is split over the two sides); an unresolved test whose resolvable difference exceeds the
 claim's margin is **underpowered**: more seeds would decide it. Studies that add seeds in
-rounds spend each test's alpha over the looks (``analysis/sequential.py``); the level a test
+rounds spend each test's alpha over the looks (``study/sequential.py``); the level a test
 used is printed with it.
 """
 

@@ -1,6 +1,6 @@
 """A tuned study's record: every round a search asked and every result it was told, in Optuna's storage.
 
-The joint search (``analysis/model_search.py``) replays its rounds from the finished runs. A
+The joint search (``study/joint_search.py``) replays its rounds from the finished runs. A
 replay on another machine, another library version or another CPU's float kernels may
 propose a different point somewhere; without a record the finished runs after it would never
 be told and the search would spend its budget again. With a record, each round is written
@@ -29,11 +29,11 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from analysis.search_space import Point
+from study.search_space import Point
 from common.errors import ConfigError
 
 if TYPE_CHECKING:
-    from analysis.tuner import Search
+    from study.tuner import Search
 
 JOURNAL = "optuna_journal.log"
 LOCK = "search_record.lock"

@@ -1,6 +1,6 @@
 """The coordinate rule: search each dimension in turn until the best point is bracketed.
 
-One of the study's searchers (``study.searcher: coordinate``; ``analysis/tuner.py``). On the
+One of the study's searchers (``study.searcher: coordinate``; ``study/tuner.py``). On the
 tuning seeds (each point's loss is its mean over them):
 
 1. **First design.** The centre of the space (the middle of each dimension's first grid) and,
@@ -20,11 +20,11 @@ It costs a few runs per dimension instead of the full product of the grids, and 
 optimum of a separable surface. Where settings act together (a ridge along lr / (1 - momentum))
 it stops where no single-axis neighbour is better, short of the optimum: the searcher
 benchmark (``scripts/benchmark_searchers.py``) measures this, and the joint search
-(``analysis/model_search.py``) is the default. Everything here is a pure function of the
+(``study/joint_search.py``) is the default. Everything here is a pure function of the
 results so far, so a resumed study proposes the same jobs in the same order.
 """
 
-from analysis.search_space import Choice, Point, Range, SearchSpace
+from study.search_space import Choice, Point, Range, SearchSpace
 
 BRACKETED, AT_LIMIT, NOT_BRACKETED, ALL_TRIED = "bracketed", "at limit", "not bracketed", "all tried"
 #: Dimension statuses that count as tuned.

@@ -2,7 +2,7 @@
 
 A search's best single observation is biased low (the winner's curse): among 44 points each
 with 0.01 nats of seed noise, the lowest loss is usually a point that drew lucky noise. The
-tuner (``analysis/tuner.py``) therefore picks its **finalists** by this model's posterior mean
+tuner (``study/tuner.py``) therefore picks its **finalists** by this model's posterior mean
 and judges a dimension **bracketed** when the model's loss rises on both sides of the winner.
 It is a Gaussian process over the search space, fitted to the results so far:
 
@@ -14,7 +14,7 @@ It is a Gaussian process over the search space, fitted to the results so far:
   as a share of the signal's variance; the length scale and the noise are those of a fixed
   grid with the highest marginal likelihood (a grid, not an optimizer, so the fit is the same
   on every machine and thread count);
-- a diverged run (``analysis/model_search.py``) is seen as the worst trained loss plus one nat.
+- a diverged run (``study/joint_search.py``) is seen as the worst trained loss plus one nat.
 
 It is the tuner's own model, apart from the searcher's (Optuna's samplers keep theirs
 private), so the same rules hold for every searcher.
@@ -24,8 +24,8 @@ import math
 
 import numpy as np
 
-from analysis.model_search import diverged
-from analysis.search_space import Choice, Point, SearchSpace
+from study.joint_search import diverged
+from study.search_space import Choice, Point, SearchSpace
 
 LENGTH_SCALES = (0.1, 0.15, 0.25, 0.4, 0.6, 1.0)
 #: Observation noise as a share of the standardized signal's variance.

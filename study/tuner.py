@@ -1,11 +1,11 @@
 """An arm's search: which searcher proposes its points, and what its results say.
 
-A tuned study searches each arm (``analysis/study.py``) with one searcher, ``study.searcher``:
+A tuned study searches each arm (``study/preset.py``) with one searcher, ``study.searcher``:
 
-- ``gp`` (the default), ``tpe``, ``random``: the joint search (``analysis/model_search.py``),
+- ``gp`` (the default), ``tpe``, ``random``: the joint search (``study/joint_search.py``),
   Optuna's samplers over every dimension at once, ``round_size`` points a round, until the
   arm's ``budget`` of points has run;
-- ``coordinate``: the coordinate rule (``analysis/coordinate_search.py``), until the winner is
+- ``coordinate``: the coordinate rule (``study/coordinate_search.py``), until the winner is
   bracketed along every dimension (or the budget, if one is set, has run).
 
 Whatever the searcher, a search is a pure function of its results (point -> mean loss over
@@ -28,12 +28,12 @@ import math
 from dataclasses import dataclass, field
 from functools import cached_property
 
-from analysis.claim_tests import Estimate, Spread, paired
-from analysis.coordinate_search import ALL_TRIED, AT_LIMIT, BRACKETED, NOT_BRACKETED, TUNED, incumbent, loss_key, own_points, proposals, status
-from analysis.model_search import SAMPLERS, replay
-from analysis.search_record import SearchRecord
-from analysis.search_space import Choice, Point, Range, SearchSpace
-from analysis.surrogate import posterior_mean
+from study.claim_tests import Estimate, Spread, paired
+from study.coordinate_search import ALL_TRIED, AT_LIMIT, BRACKETED, NOT_BRACKETED, TUNED, incumbent, loss_key, own_points, proposals, status
+from study.joint_search import SAMPLERS, replay
+from study.search_record import SearchRecord
+from study.search_space import Choice, Point, Range, SearchSpace
+from study.surrogate import posterior_mean
 
 SEARCHERS = (*SAMPLERS, "coordinate")
 DEFAULT_SEARCHER = "gp"
@@ -74,7 +74,7 @@ class Tuning:
     results: dict[Point, float]
     #: The finalists' and anchors' losses on each finalist seed.
     reruns: dict[Point, dict[int, float]] = field(default_factory=dict)
-    #: The search's record (``analysis/search_record.py``): its rounds are taken as recorded.
+    #: The search's record (``study/search_record.py``): its rounds are taken as recorded.
     record: SearchRecord | None = field(default=None, compare=False)
 
     @property

@@ -3,12 +3,12 @@
 A tuned study with ``study.seeds: {first: [2, 3, 4], max: 8}`` judges its claims on the first
 seeds, then, while a claim is unresolved, adds seeds (numbered on from the largest seed the
 study uses) up to the next planned look: the cap, or each size of ``study.seeds.looks``. Each
-look judges at its share of every test's level (``analysis/sequential.py``), so the looks do
+look judges at its share of every test's level (``study/sequential.py``), so the looks do
 not inflate the error rate; a claim that holds or fails at a look is decided there, and later
 seeds do not judge it again. The looks' sizes are planned, never read from the data: sizing
 the next look from the interim spread (as many seeds as the margin then seems to need) let a
 false superiority claim hold in 2.60% of 100,000 simulated studies at a 2.5% level. The plan (which
-seeds to run next, ``analysis/study_plan.py``) and the report replay the same looks from the
+seeds to run next, ``study/plan.py``) and the report replay the same looks from the
 same finished runs, so they cannot disagree on a verdict.
 
 A study with a fixed list of judging seeds has one look, at the full level, over every
@@ -17,9 +17,10 @@ judging seed its arms ran.
 
 from dataclasses import dataclass
 
-from analysis.claim_tests import Spread
-from analysis.sequential import nominal_levels
-from analysis.study import UNRESOLVED, Claim, StudySpec, Verdict, judge_claim
+from study.claim_tests import Spread
+from study.sequential import nominal_levels
+from study.preset import Claim, StudySpec
+from study.verdicts import UNRESOLVED, Verdict, judge_claim
 
 Groups = dict[str, dict[str, Spread]]  # arm -> metric -> its final values over seeds
 

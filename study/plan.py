@@ -7,14 +7,14 @@ sweeper did before, so a resumed study (or a second worker) plans the same round
 
 The phases, each starting once the one before has nothing left:
 
-1. **tune**: every (base job, arm) search's pending points (``analysis/tuner.py``) on every
+1. **tune**: every (base job, arm) search's pending points (``study/tuner.py``) on every
    tuning seed, then its finalists and anchors on the finalist seeds;
 2. **judge**: each tuned arm's winner on the judging seeds (an arm whose search is not tuned,
    say an anchor beat its winner, is not judged). With ``study.seeds: {first: [...], max: N}``
    more seeds follow while a claim is unresolved (inconclusive or underpowered), up to the
    next planned look (``study.seeds.looks``, by default the cap N), numbered on from the
    largest seed the study uses, each look judged at its share of the tests' levels
-   (``analysis/looks.py``);
+   (``study/looks.py``);
 3. **held out**: a ladder's held-out size, at settings fitted over the other sizes' winners,
    on the first judging seeds.
 """
@@ -23,12 +23,12 @@ import math
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-from analysis.claim_tests import Spread
-from analysis.looks import judge_in_looks
-from analysis.search_record import SearchRecord, search_name
-from analysis.search_space import Point
-from analysis.study import StudySpec
-from analysis.tuner import Tuning, tuning_from_seeds
+from study.claim_tests import Spread
+from study.looks import judge_in_looks
+from study.search_record import SearchRecord, search_name
+from study.search_space import Point
+from study.preset import StudySpec
+from study.tuner import Tuning, tuning_from_seeds
 from common.overrides import not_set_by
 
 TUNE, JUDGE = "tune", "judge"
@@ -58,7 +58,7 @@ class StudyPlan:
     sizes: list[int] | None = None  # every base's parameter count (a ladder's)
     #: The final metrics of each finished job.
     finished: dict[TunedJob, dict[str, float]] = field(default_factory=dict)
-    #: Each search's record, where the study keeps one (``analysis/search_record.py``).
+    #: Each search's record, where the study keeps one (``study/search_record.py``).
     records: dict[tuple[int, str], SearchRecord] = field(default_factory=dict)
 
     @property
@@ -105,7 +105,7 @@ class StudyPlan:
         return [(base, arm, tuning.winner) for (base, arm), tuning in tunings.items() if tuning.tuned]
 
     def _judge_round(self, tunings: dict[tuple[int, str], Tuning]) -> list[TunedJob]:
-        """The judging seeds' jobs: the first seeds, then those each look asks for (``analysis/looks.py``)."""
+        """The judging seeds' jobs: the first seeds, then those each look asks for (``study/looks.py``)."""
         judged = self.judged(tunings)
         jobs = [TunedJob(base, arm, point, seed, JUDGE) for base, arm, point in judged for seed in self.spec.seeds]
         if any(job not in self.finished for job in jobs) or self.spec.max_seeds is None:

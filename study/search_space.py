@@ -12,7 +12,7 @@ A study preset declares them under ``study.search`` (every arm's) and per arm
 
 A **range** is a numeric grid: ``low * step**k`` (``scale: log``) or ``low + k * step``
 (``scale: linear``). ``low`` and ``high`` bound the first grid the tuner tries; the tuner may
-extend it one step at a time beyond either end (``analysis/tuner.py``), never past the hard
+extend it one step at a time beyond either end (``study/tuner.py``), never past the hard
 limits ``min`` and ``max`` (optional): a step that would cross a limit lands on the limit.
 Integer ``low`` and ``step`` give an integer grid (rounded, e.g. H = 10, 30, 90 and 3, 1).
 
@@ -34,7 +34,7 @@ SCALES = ("log", "linear")
 #: The most grid steps a range may extend beyond its first grid on either side (a guard
 #: against a dimension without limits whose loss keeps falling).
 MAX_EXTENSION = 16
-#: How far a joint search (``analysis/model_search.py``) reaches past the first grid on a side
+#: How far a joint search (``study/joint_search.py``) reaches past the first grid on a side
 #: without a hard limit: it proposes from a fixed span, not by extending step by step.
 SEARCH_MARGIN = 2
 

@@ -1,0 +1,59 @@
+"""What a section's checks see of the rest of the run: ``RunContext``."""
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from common.data_groups import DataGroups
+from lightning_modules.global_batch import BatchSettings, GlobalBatch
+from lightning_modules.llama import LlamaSettings
+from lightning_modules.lr_schedule import LRScheduleSettings
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunContext:
+    """The run as far as a section needs to check its settings against the others.
+
+    ``world_size`` is None when the config does not state it as numbers (``devices: auto``);
+    the checks run again once the Trainer has counted the processes.
+    """
+
+    world_size: int | None
+    strategy: str
+    accelerator: str
+    precision: str
+    model: LlamaSettings
+    optimizer: str
+    batch: BatchSettings
+    token_budget: int | None
+    lr_schedule: LRScheduleSettings
+    max_steps: int
+    seq_len: int
+    save_distributed_checkpoint: bool
+    sequential_replicas: int = 1
+    #: The jobs this one shares the global batch and data with (torchft replica groups).
+    data_groups: DataGroups = DataGroups()
+    #: The micro-batch every rank runs; None while the process count is unknown.
+    micro_batch_size: int | None = None
+    #: The resolved config less its per-job keys, as (key, value) pairs: what jobs that train
+    #: one model together must agree on (``settings/from_config.py``).
+    shared_settings: tuple[tuple[str, str], ...] = ()
+    #: The tokenizer's size, in the services phase only: the tokenizer is built on the first
+    #: call (a ``bpe`` one is trained), so only a check that needs it calls it.
+    tokenizer_vocab_size: Callable[[], int] | None = None
+
+    @property
+    def n_layers(self) -> int:
+        return self.model.n_layers
+
+    def global_batch(self) -> GlobalBatch | None:
+        """The global batch arithmetic of this run (None while the process count is unknown)."""
+        if self.micro_batch_size is None or self.world_size is None:
+            return None
+        ranks = self.data_groups.data_parallel_size(self.world_size)
+        return GlobalBatch(self.batch, self.micro_batch_size, ranks, self.sequential_replicas)
+
+    def model_with_vocab(self) -> LlamaSettings:
+        """The model with its vocabulary filled in from the tokenizer (services phase only)."""
+        if self.tokenizer_vocab_size is None:
+            raise RuntimeError("the tokenizer's size is known in the services phase only")
+        return self.model.with_vocab(self.tokenizer_vocab_size())
