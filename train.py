@@ -36,7 +36,9 @@ def main(cfg: DictConfig) -> float | None:
             folder = Path(HydraConfig.get().runtime.output_dir)
             with claim_folder(folder, settings.run.world_size) as holder:
                 if holder is not None:  # e.g. two jobs started in the same second share the time-stamped folder
-                    raise UserError(f"{folder} is in use by another run ({holder}): give this run its own hydra.run.dir.")
+                    raise UserError(
+                        f"{folder} is in use by another run ({holder}): give this run its own hydra.run.dir."
+                    )
                 return train_and_report(settings)
         with job.claim(settings.run.world_size) as holder:
             if holder is not None:  # a second worker of the same sweep command has it

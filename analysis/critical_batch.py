@@ -108,15 +108,17 @@ class BranchPoint:
     seed: int
     step: int
     tokens: int
-    losses: dict[int, float]      # branch batch -> val/loss after the window
-    critical: int                 # the measured critical batch
-    censored: bool                # the largest batch passed: the critical batch is at least that
-    noise_scale: float | None     # mean B_simple over the base run's steps up to the branch point
+    losses: dict[int, float]  # branch batch -> val/loss after the window
+    critical: int  # the measured critical batch
+    censored: bool  # the largest batch passed: the critical batch is at least that
+    noise_scale: float | None  # mean B_simple over the base run's steps up to the branch point
     norm_test_batch: float | None  # B_simple / eta^2
 
 
 def mean_noise_scale(run: Run, after_step: int, up_to_step: int) -> float | None:
-    values = [row[NOISE_SCALE] for row in run.rows if NOISE_SCALE in row and after_step < row.get(STEP, -1) <= up_to_step]
+    values = [
+        row[NOISE_SCALE] for row in run.rows if NOISE_SCALE in row and after_step < row.get(STEP, -1) <= up_to_step
+    ]
     return statistics.fmean(values) if values else None
 
 
@@ -136,8 +138,16 @@ def branch_points(bases: dict[int, tuple[BaseRun, Run]], branches: list[Run], to
         noise = mean_noise_scale(run, previous.get(seed, 0), step)
         previous[seed] = step
         points.append(
-            BranchPoint(seed, step, base.tokens_at(step), dict(sorted(by_batch.items())), critical,
-                        critical == max(by_batch), noise, noise / base.eta**2 if noise is not None else None)  # fmt: skip
+            BranchPoint(
+                seed,
+                step,
+                base.tokens_at(step),
+                dict(sorted(by_batch.items())),
+                critical,
+                critical == max(by_batch),
+                noise,
+                noise / base.eta**2 if noise is not None else None,
+            )
         )
     return points
 
@@ -171,15 +181,17 @@ def summary_table(points: list[BranchPoint]) -> str:
         critical = [point.critical for point in group]
         noise = [point.noise_scale for point in group if point.noise_scale is not None]
         norm = [point.norm_test_batch for point in group if point.norm_test_batch is not None]
-        rows.append({
-            "step": str(step),
-            "tokens": f"{group[0].tokens:,}",
-            "seeds": str(len(group)),
-            "critical batch (geo. mean, min-max)": f"{statistics.geometric_mean(critical):.0f} ({min(critical)}-{max(critical)})"
-            + (" (some at the grid's top)" if any(point.censored for point in group) else ""),
-            "B_simple (mean)": _fmt(statistics.fmean(noise)) if noise else "-",
-            "norm test's batch (mean)": _fmt(statistics.fmean(norm)) if norm else "-",
-        })  # fmt: skip
+        rows.append(
+            {
+                "step": str(step),
+                "tokens": f"{group[0].tokens:,}",
+                "seeds": str(len(group)),
+                "critical batch (geo. mean, min-max)": f"{statistics.geometric_mean(critical):.0f} ({min(critical)}-{max(critical)})"
+                + (" (some at the grid's top)" if any(point.censored for point in group) else ""),
+                "B_simple (mean)": _fmt(statistics.fmean(noise)) if noise else "-",
+                "norm test's batch (mean)": _fmt(statistics.fmean(norm)) if norm else "-",
+            }
+        )
     return markdown_table(rows)
 
 
@@ -190,19 +202,32 @@ def plot_points(points: list[BranchPoint], eta: float, path: Path) -> None:
     steps = sorted({point.step for point in points})
     tokens = [next(p.tokens for p in points if p.step == step) for step in steps]
     by_step = [[p for p in points if p.step == step] for step in steps]
-    axis.scatter([p.tokens for p in points], [p.critical for p in points], color="C0", alpha=0.4, label="measured, each seed")
-    axis.plot(tokens, [statistics.geometric_mean([p.critical for p in g]) for g in by_step], "o-", color="C0",
-              label="measured critical batch (geometric mean over seeds)")  # fmt: skip
-    for key, label, color in (("noise_scale", "gradient noise scale B_simple", "C1"),
-                              ("norm_test_batch", f"norm test's batch, B_simple / eta^2 (eta {eta})", "C2")):  # fmt: skip
+    axis.scatter(
+        [p.tokens for p in points], [p.critical for p in points], color="C0", alpha=0.4, label="measured, each seed"
+    )
+    axis.plot(
+        tokens,
+        [statistics.geometric_mean([p.critical for p in g]) for g in by_step],
+        "o-",
+        color="C0",
+        label="measured critical batch (geometric mean over seeds)",
+    )
+    for key, label, color in (
+        ("noise_scale", "gradient noise scale B_simple", "C1"),
+        ("norm_test_batch", f"norm test's batch, B_simple / eta^2 (eta {eta})", "C2"),
+    ):
         values = [[getattr(p, key) for p in g if getattr(p, key) is not None] for g in by_step]
         kept = [(t, statistics.fmean(v)) for t, v in zip(tokens, values) if v]
         if kept:
             axis.plot(*zip(*kept), "s--", color=color, label=label)
     batches = sorted({batch for point in points for batch in point.losses})
     axis.axhspan(batches[0], batches[-1], color="grey", alpha=0.08, label=f"branch grid {batches[0]}-{batches[-1]}")
-    axis.set(xlabel="tokens at the branch point", ylabel="batch (sequences)", yscale="log",
-             title="Critical batch, measured by branching, against the noise-scale estimates")  # fmt: skip
+    axis.set(
+        xlabel="tokens at the branch point",
+        ylabel="batch (sequences)",
+        yscale="log",
+        title="Critical batch, measured by branching, against the noise-scale estimates",
+    )
     axis.legend(fontsize="small")
     figure.savefig(path, dpi=120, bbox_inches="tight")
     plt.close(figure)
@@ -218,13 +243,23 @@ def plot_by_size(points_by_size: dict[int, list[BranchPoint]], path: Path) -> No
         steps = sorted({point.step for point in points})
         by_step = [[p for p in points if p.step == step] for step in steps]
         axis.scatter([p.tokens * shift for p in points], [p.critical for p in points], color=color, alpha=0.35)
-        axis.plot([g[0].tokens * shift for g in by_step], [statistics.geometric_mean([p.critical for p in g]) for g in by_step], "o-",
-                  color=color, label=f"N = {n_params / 1e6:.2f}M (geometric mean over seeds)")  # fmt: skip
+        axis.plot(
+            [g[0].tokens * shift for g in by_step],
+            [statistics.geometric_mean([p.critical for p in g]) for g in by_step],
+            "o-",
+            color=color,
+            label=f"N = {n_params / 1e6:.2f}M (geometric mean over seeds)",
+        )
     batches = sorted({batch for points in points_by_size.values() for point in points for batch in point.losses})
     if batches:
         axis.axhspan(batches[0], batches[-1], color="grey", alpha=0.08, label=f"branch grid {batches[0]}-{batches[-1]}")
-    axis.set(xscale="log", yscale="log", xlabel="tokens at the branch point", ylabel="critical batch (sequences)",
-             title="Critical batch against tokens, per model size")  # fmt: skip
+    axis.set(
+        xscale="log",
+        yscale="log",
+        xlabel="tokens at the branch point",
+        ylabel="critical batch (sequences)",
+        title="Critical batch against tokens, per model size",
+    )
     axis.legend(fontsize="small")
     figure.savefig(path, dpi=120, bbox_inches="tight")
     plt.close(figure)
@@ -247,17 +282,26 @@ class Growth:
         """Grows with tokens (its interval above 0); with size or not (the size exponent's
         interval above 0, or containing it)."""
         with_tokens = "grows with tokens" if self.tokens[1] > 0 else "does not grow measurably with tokens"
-        with_size = "grows with model size" if self.size[1] > 0 else (
-            "shrinks with model size" if self.size[2] < 0 else "does not change measurably with model size")
+        with_size = (
+            "grows with model size"
+            if self.size[1] > 0
+            else ("shrinks with model size" if self.size[2] < 0 else "does not change measurably with model size")
+        )
         return f"{with_tokens}; {with_size}"
 
 
 def growth(points_by_size: dict[float, list[BranchPoint]]) -> Growth:
     """The critical batch's exponents in tokens and model size over a ladder's measurements
     (two or more sizes, and more points than three)."""
-    rows = [(math.log(p.tokens), math.log(n), math.log(p.critical), p.censored) for n, points in points_by_size.items() for p in points]
+    rows = [
+        (math.log(p.tokens), math.log(n), math.log(p.critical), p.censored)
+        for n, points in points_by_size.items()
+        for p in points
+    ]
     if len(points_by_size) < 2 or len(rows) <= 3:
-        raise ConfigError("the critical batch's growth needs measurements at two or more model sizes (--compare DIR DIR ...).")
+        raise ConfigError(
+            "the critical batch's growth needs measurements at two or more model sizes (--compare DIR DIR ...)."
+        )
     import numpy as np
 
     design = np.array([[1.0, t, n] for t, n, _, _ in rows])

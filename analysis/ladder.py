@@ -76,8 +76,17 @@ def rungs(runs: list[Run], metric: str = "val/loss") -> list[Rung]:
     for (method, model), members in grouped.items():
         first = members[0]
         losses = {run.seed: run.final(metric) for run in members}
-        found.append(Rung(method, model, parameter_count(first.setting("model")), first.setting("technique.diloco.replicas"),
-                          losses, first.setting("optimizer.lr"), first.phase != HELD_OUT))  # fmt: skip
+        found.append(
+            Rung(
+                method,
+                model,
+                parameter_count(first.setting("model")),
+                first.setting("technique.diloco.replicas"),
+                losses,
+                first.setting("optimizer.lr"),
+                first.phase != HELD_OUT,
+            )
+        )
     return sorted(found, key=lambda r: (r.method, r.n_params))
 
 
@@ -151,9 +160,19 @@ class Prediction:
     interval_high: float | None = None
 
     def as_dict(self) -> dict:
-        return {"method": self.method, "model": self.model, "n_params": self.n_params, "predicted": self.predicted,
-                "low": self.low, "high": self.high, "form": self.form, "fitted_on": self.fitted_on,
-                "settings": self.settings, "interval_low": self.interval_low, "interval_high": self.interval_high}  # fmt: skip
+        return {
+            "method": self.method,
+            "model": self.model,
+            "n_params": self.n_params,
+            "predicted": self.predicted,
+            "low": self.low,
+            "high": self.high,
+            "form": self.form,
+            "fitted_on": self.fitted_on,
+            "settings": self.settings,
+            "interval_low": self.interval_low,
+            "interval_high": self.interval_high,
+        }
 
 
 def form_of(law: PowerLaw) -> str:
@@ -190,7 +209,9 @@ def seed_noise(members: list[Rung], seeds: int) -> float:
     return t_quantile(df) * float(np.sqrt(squares / df)) / np.sqrt(seeds)
 
 
-def predict(found: list[Rung], fit_sizes: list[str], model: str, n_params: int, seeds: int | None = None) -> list[Prediction]:
+def predict(
+    found: list[Rung], fit_sizes: list[str], model: str, n_params: int, seeds: int | None = None
+) -> list[Prediction]:
     """Each method's loss at ``model`` (``n_params``) from its rungs at ``fit_sizes`` alone, its
     prediction interval for a mean over ``seeds`` judging seeds (default: as many as the
     fitted sizes had)."""
@@ -202,9 +223,20 @@ def predict(found: list[Rung], fit_sizes: list[str], model: str, n_params: int, 
         low, high = bootstrap(members, n_params)
         others = refits(members, n_params)
         noise = seed_noise(members, seeds or min(len(r.losses) for r in members))
-        predictions.append(Prediction(method, model, n_params, float(law.predict(np.array([n_params]))[0]), low, high, form_of(law),
-                                      [r.model for r in members], interval_low=float(min(low, *others) - noise),
-                                      interval_high=float(max(high, *others) + noise)))  # fmt: skip
+        predictions.append(
+            Prediction(
+                method,
+                model,
+                n_params,
+                float(law.predict(np.array([n_params]))[0]),
+                low,
+                high,
+                form_of(law),
+                [r.model for r in members],
+                interval_low=float(min(low, *others) - noise),
+                interval_high=float(max(high, *others) + noise),
+            )
+        )
     return predictions
 
 
@@ -220,14 +252,26 @@ def run_models(dirs: list[Path]) -> dict[Path, dict]:
     return models
 
 
-def write_prediction(dirs: list[Path], target: str, n_params: int, fit_sizes: list[str] | None = None,
-                     settings: dict[str, list[str]] | None = None, seeds: int | None = None) -> list[Prediction]:  # fmt: skip
+def write_prediction(
+    dirs: list[Path],
+    target: str,
+    n_params: int,
+    fit_sizes: list[str] | None = None,
+    settings: dict[str, list[str]] | None = None,
+    seeds: int | None = None,
+) -> list[Prediction]:
     """Predict every method's loss at ``target`` from the runs of ``fit_sizes`` (default: every
     other size the folders hold) and write it to ``dirs[0]/ladder_prediction.yaml``. Only the
     fitted sizes' runs are loaded: the target's results are never opened."""
     models = run_models(dirs)
     fit_sizes = fit_sizes or sorted({str(m.get("name")) for m in models.values()} - {target})
-    found = rungs([load_run(folder) for folder, model in models.items() if model.get("name") in fit_sizes and model.get("name") != target])
+    found = rungs(
+        [
+            load_run(folder)
+            for folder, model in models.items()
+            if model.get("name") in fit_sizes and model.get("name") != target
+        ]
+    )
     predictions = predict(found, fit_sizes, target, n_params, seeds)  # refuses a fitted target, or too few sizes
     predictions = [replace(p, settings=(settings or {}).get(p.method, [])) for p in predictions]
     (dirs[0] / PREDICTION).write_text(yaml.safe_dump([p.as_dict() for p in predictions], sort_keys=False))
@@ -240,13 +284,18 @@ def held_out_settings(space: SearchSpace, winners: list[tuple[int, Point]], n_pa
     to 3 significant digits, within the range's hard limits."""
     sizes = np.array([n for n, _ in winners], dtype=float)
     if len(set(sizes)) < MIN_SIZES:
-        raise ConfigError(f"study.held_out: {len(set(sizes))} searched size(s); extrapolating a setting needs at least {MIN_SIZES}.")
+        raise ConfigError(
+            f"study.held_out: {len(set(sizes))} searched size(s); extrapolating a setting needs at least {MIN_SIZES}."
+        )
     settings = []
     for axis, dimension in enumerate(space.dimensions):
         assert isinstance(dimension, Range)  # StudySpec refuses a held-out size with a list searched
         values = np.array([dimension.value(point[axis]) for _, point in winners], dtype=float)
         value = float(fit_power_law({"N": sizes}, values).predict(np.array([float(n_params)]))[0])
-        low, high = (-np.inf if dimension.min is None else dimension.min), (np.inf if dimension.max is None else dimension.max)
+        low, high = (
+            (-np.inf if dimension.min is None else dimension.min),
+            (np.inf if dimension.max is None else dimension.max),
+        )
         value = min(max(value, low), high)
         value = int(round(value)) if dimension.integer else float(f"{value:.3g}")
         settings.append(f"{dimension.key}={format_value(value)}")

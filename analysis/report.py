@@ -198,6 +198,7 @@ FRONT_FILE = "front.png"
 def pareto_front(points: dict[str, tuple[float, float]]) -> list[str]:
     """The names of the points no other point beats (no more x and lower y, or less x and no
     more y), in order of x: the best y each x budget buys."""
+
     def beaten(x: float, y: float) -> bool:
         return any((ox <= x and oy < y) or (ox < x and oy <= y) for ox, oy in points.values())
 
@@ -219,11 +220,22 @@ def plot_front(report: "StudyReport", path: Path) -> bool:
         return False
     figure, axis = plt.subplots(figsize=(8, 5))
     for name, (sx, sy, on_front) in spreads.items():
-        axis.errorbar(sx.mean, sy.mean, xerr=sx.std, yerr=sy.std, fmt="s" if on_front else "o", capsize=3,
-                      label=textwrap.fill(f"{name} (n={sy.n})", 60))  # fmt: skip
+        axis.errorbar(
+            sx.mean,
+            sy.mean,
+            xerr=sx.std,
+            yerr=sy.std,
+            fmt="s" if on_front else "o",
+            capsize=3,
+            label=textwrap.fill(f"{name} (n={sy.n})", 60),
+        )
     front = pareto_front({name: (sx.mean, sy.mean) for name, (sx, sy, on_front) in spreads.items() if on_front})
-    axis.plot([spreads[n][0].mean for n in front], [spreads[n][1].mean for n in front], "k--",
-              label=textwrap.fill(f"Pareto front: {', '.join(front)}", 60))  # fmt: skip
+    axis.plot(
+        [spreads[n][0].mean for n in front],
+        [spreads[n][1].mean for n in front],
+        "k--",
+        label=textwrap.fill(f"Pareto front: {', '.join(front)}", 60),
+    )
     x_label = X_LABELS.get(DERIVED.get(x, x), x)
     axis.set(xscale="log", xlabel=x_label, ylabel=y, title=f"final {y} against {x_label} (mean ± std over seeds)")
     axis.legend(fontsize="x-small", loc="upper left", bbox_to_anchor=(1.02, 1))
@@ -273,8 +285,14 @@ def plot_crossed(report: "StudyReport", path: Path) -> bool:
         for arm in dict.fromkeys(group.arm for group in groups):
             points = sorted((values[g.name], g.spread(metric)) for g in groups if g.arm == arm and g.spread(metric))
             if points:
-                axis.errorbar([x for x, _ in points], [s.mean for _, s in points], yerr=[s.std for _, s in points], marker="o",
-                              capsize=3, label=arm)  # fmt: skip
+                axis.errorbar(
+                    [x for x, _ in points],
+                    [s.mean for _, s in points],
+                    yerr=[s.std for _, s in points],
+                    marker="o",
+                    capsize=3,
+                    label=arm,
+                )
         axis.set(xscale="log", xlabel=key, ylabel=metric, title=f"final {metric}")
         axis.legend(fontsize="small")
     figure.suptitle(f"against {key}: mean, error bars std over seeds")
@@ -307,7 +325,9 @@ def markdown_table(rows: list[dict[str, str]]) -> str:
 def final_table(runs: list[Run], labels: list[str]) -> str:
     """One row per run: its last value of each metric ('-' if never logged), evaluation included."""
     columns = [*COLUMNS, *((plot.key, plot.key) for plot in evaluation_plots(runs))]
-    rows = [{"run": label, **{name: _cell(run.final(key)) for name, key in columns}} for label, run in zip(labels, runs)]
+    rows = [
+        {"run": label, **{name: _cell(run.final(key)) for name, key in columns}} for label, run in zip(labels, runs)
+    ]
     return markdown_table(rows)
 
 
@@ -353,7 +373,9 @@ class StudyReport:
         parts = []
         if self.tunings:
             seeds = ", ".join(map(str, self.spec.tuning_seeds))
-            parts.append(f"## Tuning (seeds {seeds}; each arm's winner, judged below on other seeds)\n\n{tuning_table(self.tunings)}")
+            parts.append(
+                f"## Tuning (seeds {seeds}; each arm's winner, judged below on other seeds)\n\n{tuning_table(self.tunings)}"
+            )
         title = "Judging runs" if self.tunings else "Groups"
         judged = group_table(self.judged_groups, extra) if self.judged_groups else "No judging run has finished yet."
         parts.append(f"## {title} (mean ± std over seeds)\n\n{judged}")
@@ -361,8 +383,10 @@ class StudyReport:
             parts.append(f"## Claims\n\n{verdict_table(self.verdicts)}")
         if self.unfinished:
             jobs = ", ".join(run.path.name for run in self.unfinished)
-            parts.append(f"Left out: {len(self.unfinished)} sweep job(s) that have not finished (interrupted or"
-                         f" still training): {jobs}.")  # fmt: skip
+            parts.append(
+                f"Left out: {len(self.unfinished)} sweep job(s) that have not finished (interrupted or"
+                f" still training): {jobs}."
+            )
         return "\n\n".join(parts)
 
 
@@ -389,8 +413,10 @@ def build_report(runs: list[Run]) -> StudyReport:
         for arm, metrics in claim_spreads(claim, judged).items():
             spreads.setdefault(arm, {}).update(metrics)
     looks = judge_in_looks(spec, [spreads], untuned).verdicts[0]
-    verdicts = [judge_trend(claim, trend_points(claim, judged, spec), untuned) if claim.trend else looks[i]
-                for i, claim in enumerate(spec.claims)]  # fmt: skip
+    verdicts = [
+        judge_trend(claim, trend_points(claim, judged, spec), untuned) if claim.trend else looks[i]
+        for i, claim in enumerate(spec.claims)
+    ]
     return StudyReport(runs, groups, spec, verdicts, found)
 
 

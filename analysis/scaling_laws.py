@@ -85,7 +85,9 @@ class PowerLaw:
 
     def describe(self, target: str) -> str:
         """The law with each coefficient and its standard error, e.g. `L = 19.2(±0.3) N^-0.0985(±0.001)`."""
-        factors = [f"{name}^{b:.4g}(±{se:.2g})" for name, b, se in zip(self.variables, self.exponents, self.exponent_ses)]
+        factors = [
+            f"{name}^{b:.4g}(±{se:.2g})" for name, b, se in zip(self.variables, self.exponents, self.exponent_ses)
+        ]
         law = f"{target} = {self.a:.5g}(±{self.a_se:.2g}) {' '.join(factors)}"
         if self.offset_se is None:
             return law
@@ -137,7 +139,13 @@ def _levenberg_marquardt(log_x: np.ndarray, y: np.ndarray, start: np.ndarray, it
         new_cost = np.sum((new_prediction - y) ** 2)
         if new_cost < cost:
             converged = cost - new_cost <= 1e-15 * cost
-            params, prediction, jacobian, cost, damping = candidate, new_prediction, new_jacobian, new_cost, damping / 10
+            params, prediction, jacobian, cost, damping = (
+                candidate,
+                new_prediction,
+                new_jacobian,
+                new_cost,
+                damping / 10,
+            )
             if converged:
                 break
         elif damping > 1e10:  # no step downhill at any damping: at the minimum
@@ -161,7 +169,9 @@ def fit_power_law_offset(x: np.ndarray, y: np.ndarray, variable: str = "N", grid
     """y = a x^b + c (c an irreducible loss, 0 <= c < min y), by nonlinear least squares."""
     x, y = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
     if len(np.unique(x)) < 3:
-        raise ValueError(f"y = a {variable}^b + c needs at least 3 distinct values of {variable}, got {len(np.unique(x))}.")
+        raise ValueError(
+            f"y = a {variable}^b + c needs at least 3 distinct values of {variable}, got {len(np.unique(x))}."
+        )
 
     log_x = np.log(x)
     offsets = np.linspace(0.0, y.min(), grid, endpoint=False)
@@ -309,8 +319,10 @@ def edge_notes(results: list[Result]) -> list[str]:
         for name, attribute in HYPERPARAMETERS:
             tried = _tried(results, best, attribute)
             if len(tried) > 1 and getattr(best, attribute) in (tried[0], tried[-1]):
-                notes.append(f"{best.group} N={best.n_params:,.0f}: the best {name}, {getattr(best, attribute):.4g},"
-                             f" is at the edge of those tried ({tried[0]:.4g} to {tried[-1]:.4g})")  # fmt: skip
+                notes.append(
+                    f"{best.group} N={best.n_params:,.0f}: the best {name}, {getattr(best, attribute):.4g},"
+                    f" is at the edge of those tried ({tried[0]:.4g} to {tried[-1]:.4g})"
+                )
     return notes
 
 
@@ -325,8 +337,9 @@ def predictions(fits: dict[str, PowerLaw], n_params: float, replicas: list[int])
     return lines
 
 
-def _plot_panel(axis: plt.Axes, best: list[Result], fits: dict[str, PowerLaw], prefix: str, attribute: str,
-                held_out: list[Result]) -> None:  # fmt: skip
+def _plot_panel(
+    axis: plt.Axes, best: list[Result], fits: dict[str, PowerLaw], prefix: str, attribute: str, held_out: list[Result]
+) -> None:
     """One quantity against N: each group's points, its fitted law, and the joint law at its M.
 
     Held-out points (hollow, in their group's colour) are not in the fits: the lines reach out
@@ -338,8 +351,9 @@ def _plot_panel(axis: plt.Axes, best: list[Result], fits: dict[str, PowerLaw], p
     colors = {group: f"C{index}" for index, group in enumerate(_groups(points))}
     for group, members in _groups(best).items():
         known = [r for r in members if getattr(r, attribute) is not None]
-        axis.scatter([r.n_params for r in known], [getattr(r, attribute) for r in known], s=16, color=colors[group],
-                     label=group)  # fmt: skip
+        axis.scatter(
+            [r.n_params for r in known], [getattr(r, attribute) for r in known], s=16, color=colors[group], label=group
+        )
         lines = [(f"{prefix}(N) {group}", "-"), (f"{prefix}(N)+C {group}", "--")]
         curves = [(fits[name].predict(sizes), style) for name, style in lines if name in fits]
         if attribute == "loss" and "L(N, M)" in fits and members[0].replicas is not None:
@@ -347,8 +361,13 @@ def _plot_panel(axis: plt.Axes, best: list[Result], fits: dict[str, PowerLaw], p
         for values, style in curves:
             axis.plot(sizes, values, color=colors[group], linestyle=style, linewidth=1)
     for group, members in _groups(held_out).items():
-        axis.scatter([r.n_params for r in members], [getattr(r, attribute) for r in members],
-                     s=30, facecolors="none", edgecolors=colors[group])  # fmt: skip
+        axis.scatter(
+            [r.n_params for r in members],
+            [getattr(r, attribute) for r in members],
+            s=30,
+            facecolors="none",
+            edgecolors=colors[group],
+        )
     # Plain numbers: over a narrow range log ticks otherwise read 3.4 x 10^0.
     plain = FuncFormatter(lambda value, _: f"{value:,.0f}" if value >= 1000 else f"{value:.3g}")
     axis.yaxis.set_major_formatter(plain)
@@ -356,22 +375,24 @@ def _plot_panel(axis: plt.Axes, best: list[Result], fits: dict[str, PowerLaw], p
     axis.legend(fontsize="small")
 
 
-def plot_fits(results: list[Result], fits: dict[str, PowerLaw], path: Path, held_out: list[Result] | None = None) -> None:
+def plot_fits(
+    results: list[Result], fits: dict[str, PowerLaw], path: Path, held_out: list[Result] | None = None
+) -> None:
     """Loss against N (points and fitted lines per group), with inner LR and batch if fitted;
     `held_out` results, not fitted, drawn hollow beside the lines' extrapolation."""
     held_out = held_out or []
     panels = [("L", "final validation loss", "loss")] + [
-        (name, name, attribute)
-        for name, attribute in HYPERPARAMETERS
-        if any(key.startswith(name) for key in fits)
+        (name, name, attribute) for name, attribute in HYPERPARAMETERS if any(key.startswith(name) for key in fits)
     ]
     figure, axes = plt.subplots(1, len(panels), figsize=(6 * len(panels), 4.5), squeeze=False)
     for axis, (prefix, label, attribute) in zip(axes[0], panels):
         axis.set(xscale="log", yscale="log", xlabel="parameters N", ylabel=label)
         _plot_panel(axis, best_per_setting(results), fits, prefix, attribute, held_out)
     hollow = "; hollow: held out, not fitted" if held_out else ""
-    figure.suptitle(f"points: best run per size and replicas{hollow}\n"
-                    "lines: A N^alpha (dashed: + C; dotted: A N^alpha M^beta)", fontsize="medium")  # fmt: skip
+    figure.suptitle(
+        f"points: best run per size and replicas{hollow}\nlines: A N^alpha (dashed: + C; dotted: A N^alpha M^beta)",
+        fontsize="medium",
+    )
     figure.tight_layout()
     figure.savefig(path, dpi=100)
     plt.close(figure)

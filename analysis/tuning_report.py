@@ -39,8 +39,12 @@ def tunings(spec: StudySpec, runs: list[Run], select: str = "val/loss") -> dict[
             search.setdefault(point, {})[run.seed] = value
     labels = distinct_crossings([crossing for _, crossing in by_search])
     records = _records(spec, runs, [(arm, crossing) for arm, crossing in by_search])
-    return {(arm, labels[crossing]): tuning_from_seeds(spec.searches[arm], spec.tuning_seeds, by_point, records.get((arm, crossing)))
-            for (arm, crossing), by_point in by_search.items()}  # fmt: skip
+    return {
+        (arm, labels[crossing]): tuning_from_seeds(
+            spec.searches[arm], spec.tuning_seeds, by_point, records.get((arm, crossing))
+        )
+        for (arm, crossing), by_point in by_search.items()
+    }
 
 
 def _records(spec: StudySpec, runs: list[Run], searches: list[tuple[str, tuple[str, ...]]]) -> dict:
@@ -67,8 +71,13 @@ def crossed_with(run: Run, spec: StudySpec) -> tuple[str, ...]:
     """A run's overrides that are neither its arm's, its point's nor the study's own."""
     searched = set(spec.spaces[run.arm].keys) if run.arm in spec.spaces else set()
     fixed = set(spec.arms.get(run.arm, []))
-    return tuple(o for o in run.overrides if o not in fixed and not o.startswith(("study.arm=", "++study.phase=", "seed="))
-                 and override_key(o) not in searched)  # fmt: skip
+    return tuple(
+        o
+        for o in run.overrides
+        if o not in fixed
+        and not o.startswith(("study.arm=", "++study.phase=", "seed="))
+        and override_key(o) not in searched
+    )
 
 
 def distinct_crossings(crossings: list[tuple[str, ...]]) -> dict[tuple[str, ...], str]:
@@ -81,23 +90,43 @@ def tuning_table(found: dict[tuple[str, str], Tuning]) -> str:
     """Per search: the searcher and points run, the winner's settings and loss (its mean over
     every seed it ran), each dimension's status, the anchors against the winner and the
     verdict of the regret check."""
-    lines = ["| arm | searcher | points run | winner | winner's loss | dimensions | anchors (loss; winner minus anchor) | tuned |",
-             "|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    lines = [
+        "| arm | searcher | points run | winner | winner's loss | dimensions | anchors (loss; winner minus anchor) | tuned |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for (name, crossing), tuning in found.items():
         arm, search = f"{name} {crossing}".strip(), tuning.search
-        budget = f" (budget {search.budget}" + (f", {search.finalists} finalists on seeds {', '.join(map(str, search.finalist_seeds))}"
-                                               if search.finalists else "") + ")" if search.budget is not None else ""  # fmt: skip
+        budget = (
+            f" (budget {search.budget}"
+            + (
+                f", {search.finalists} finalists on seeds {', '.join(map(str, search.finalist_seeds))}"
+                if search.finalists
+                else ""
+            )
+            + ")"
+            if search.budget is not None
+            else ""
+        )
         if tuning.winner is None:
             lines.append(f"| {arm} | {search.searcher}{budget} | {len(tuning.results)} | - | - | not run | - | no |")
             continue
         settings = ", ".join(f"{k}={v}" for k, v in tuning.space.labels(tuning.winner).items()) or "(nothing searched)"
         statuses = ", ".join(f"{k.split('.')[-1]}: {s}" for k, s in tuning.statuses.items()) or "-"
         seeds = len(tuning.losses(tuning.winner))
-        loss = f"{tuning.mean(tuning.winner):.4f}" + (f" ({seeds} seeds)" if seeds > 1 else "") if tuning.winner in tuning.results else "-"
+        loss = (
+            f"{tuning.mean(tuning.winner):.4f}" + (f" ({seeds} seeds)" if seeds > 1 else "")
+            if tuning.winner in tuning.results
+            else "-"
+        )
         anchors = "; ".join(_anchor(tuning, a) for a in search.anchors) or "-"
-        lines.append(f"| {arm} | {search.searcher}{budget} | {len(tuning.results)} | {settings} | {loss} | {statuses} | {anchors} | {_tuned(tuning)} |")
+        lines.append(
+            f"| {arm} | {search.searcher}{budget} | {len(tuning.results)} | {settings} | {loss} | {statuses} | {anchors} | {_tuned(tuning)} |"
+        )
     spaces = {name: tuning.space for (name, _), tuning in found.items() if tuning.space.dimensions}
-    lines.append("\nFirst grids: " + "; ".join(f"{name}: {', '.join(map(describe, space.dimensions))}" for name, space in spaces.items()))
+    lines.append(
+        "\nFirst grids: "
+        + "; ".join(f"{name}: {', '.join(map(describe, space.dimensions))}" for name, space in spaces.items())
+    )
     return "\n".join(lines)
 
 
@@ -135,15 +164,23 @@ def tuning_figures(found: dict[tuple[str, str], Tuning], out: Path, select: str 
     written = []
     for key in keys:
         figure, axis = plt.subplots(figsize=(7, 4.5))
-        spans = [draw_setting(axis, f"{name} {crossing}".strip(), tuning, key) for (name, crossing), tuning in found.items()]
+        spans = [
+            draw_setting(axis, f"{name} {crossing}".strip(), tuning, key) for (name, crossing), tuning in found.items()
+        ]
         spans = [span for span in spans if span is not None]
         if not spans:
             plt.close(figure)
             continue
         axis.set_ylim(min(low for low, _ in spans), max(high for _, high in spans))
-        axis.set(xlabel=key, ylabel=f"final {select} (mean over tuning seeds)",
-                 title=textwrap.fill(f"{key}: every point run (dots), the best at each value (line), the winner (star);"
-                                     f" losses over {SHOWN_ABOVE_WINNER} above the winner's off the axis", 70))  # fmt: skip
+        axis.set(
+            xlabel=key,
+            ylabel=f"final {select} (mean over tuning seeds)",
+            title=textwrap.fill(
+                f"{key}: every point run (dots), the best at each value (line), the winner (star);"
+                f" losses over {SHOWN_ABOVE_WINNER} above the winner's off the axis",
+                70,
+            ),
+        )
         axis.legend(fontsize="small")
         path = out / f"tuning_{key.replace('.', '_')}.png"
         figure.savefig(path, dpi=120, bbox_inches="tight")
@@ -172,11 +209,17 @@ def draw_setting(axis: plt.Axes, arm: str, tuning: Tuning, key: str) -> tuple[fl
         best_at[point[index]] = min(loss, best_at.get(point[index], math.inf))
     values = sorted(best_at)
     (line,) = axis.plot([x(v) for v in values], [best_at[v] for v in values], label=f"{arm} ({tuning.statuses[key]})")
-    axis.plot([x(p[index]) for p in finite], list(finite.values()), "o", color=line.get_color(), alpha=0.35, markersize=4)
+    axis.plot(
+        [x(p[index]) for p in finite], list(finite.values()), "o", color=line.get_color(), alpha=0.35, markersize=4
+    )
     winner_loss = tuning.results[tuning.winner]
     axis.plot([x(tuning.winner[index])], [winner_loss], marker="*", markersize=16, color=line.get_color())
     if categorical:
-        axis.set_xticks(list(dimension.first_grid), [textwrap.fill(dimension.label(i).replace(",", ", "), 18) for i in dimension.first_grid], fontsize="small")
+        axis.set_xticks(
+            list(dimension.first_grid),
+            [textwrap.fill(dimension.label(i).replace(",", ", "), 18) for i in dimension.first_grid],
+            fontsize="small",
+        )
     elif isinstance(dimension, Range) and dimension.scale == "log":
         axis.set_xscale("log")
     return winner_loss - 0.01, min(max(finite.values()), winner_loss + SHOWN_ABOVE_WINNER) + 0.01

@@ -13,7 +13,9 @@ import lightning as L
 
 
 class Pace(L.Callback):
-    def __init__(self, seconds: float, from_step: int = 0, to_step: int | None = None, while_exists: str | None = None) -> None:
+    def __init__(
+        self, seconds: float, from_step: int = 0, to_step: int | None = None, while_exists: str | None = None
+    ) -> None:
         self.seconds, self.from_step, self.to_step = seconds, from_step, to_step
         self.marker = Path(while_exists) if while_exists else None
 

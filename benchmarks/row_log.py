@@ -17,7 +17,9 @@ class RowLog(L.Callback):
     def __init__(self, path: str) -> None:
         self.folder = Path(path)
 
-    def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int) -> None:
+    def on_train_batch_start(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
         step = pl_module.training_state.clock.steps + 1
         rows = [hashlib.sha1(row.cpu().numpy().tobytes()).hexdigest()[:16] for row in batch["input_ids"]]
         self.folder.mkdir(parents=True, exist_ok=True)

@@ -102,8 +102,13 @@ def bowl(curvature: Curvature) -> Callable[[dict[str, str]], float]:
         lr, h = float(labels["optimizer.lr"]), float(labels["technique.diloco.sync_every"])
         outer_lr, momentum, nesterov = _outer(labels)
         optimizer = curvature.optimizers[OPTIMIZERS.index((momentum, nesterov))]
-        return (1.5 + curvature.lr * math.log2(lr / 4e-3) ** 2 + curvature.outer_lr * math.log2(outer_lr / 0.35) ** 2 + optimizer
-                + curvature.h * math.log(h / 30, 3) ** 2)  # fmt: skip
+        return (
+            1.5
+            + curvature.lr * math.log2(lr / 4e-3) ** 2
+            + curvature.outer_lr * math.log2(outer_lr / 0.35) ** 2
+            + optimizer
+            + curvature.h * math.log(h / 30, 3) ** 2
+        )
 
     return loss
 
@@ -117,8 +122,13 @@ def outer_ridge(curvature: Curvature) -> Callable[[dict[str, str]], float]:
         lr, h = float(labels["optimizer.lr"]), float(labels["technique.diloco.sync_every"])
         outer_lr, momentum, _ = _outer(labels)
         step = outer_lr / (1 - momentum)
-        return (1.5 + curvature.lr * math.log2(lr / 1e-3) ** 2 + 2.5 * curvature.outer_lr * math.log2(step / 1.41) ** 2
-                + curvature.h * math.log(h / 30, 3) ** 2 + 0.03 * momentum)  # fmt: skip
+        return (
+            1.5
+            + curvature.lr * math.log2(lr / 1e-3) ** 2
+            + 2.5 * curvature.outer_lr * math.log2(step / 1.41) ** 2
+            + curvature.h * math.log(h / 30, 3) ** 2
+            + 0.03 * momentum
+        )
 
     return loss
 
@@ -130,18 +140,32 @@ def lr_batch(labels: dict[str, str]) -> float:
 
 
 def lr_batch_search(searcher: str) -> Search:
-    dimensions = parse_search({"optimizer.lr": {"low": 4e-3, "high": 1.6e-2, "scale": "log", "step": 2, "min": 1e-3, "max": 6.4e-2},
-                               "batch.global_batch_size": {"low": 32, "high": 128, "scale": "log", "step": 2, "min": 4, "max": 256}},
-                              "lr x batch")  # fmt: skip
+    dimensions = parse_search(
+        {
+            "optimizer.lr": {"low": 4e-3, "high": 1.6e-2, "scale": "log", "step": 2, "min": 1e-3, "max": 6.4e-2},
+            "batch.global_batch_size": {"low": 32, "high": 128, "scale": "log", "step": 2, "min": 4, "max": 256},
+        },
+        "lr x batch",
+    )
     diloco = diloco_search()  # the same finalists as the DiLoCo study's
-    return Search(SearchSpace(tuple(dimensions.values())), searcher, LR_BATCH_BUDGET, finalists=diloco.finalists, finalist_seeds=diloco.finalist_seeds)
+    return Search(
+        SearchSpace(tuple(dimensions.values())),
+        searcher,
+        LR_BATCH_BUDGET,
+        finalists=diloco.finalists,
+        finalist_seeds=diloco.finalist_seeds,
+    )
 
 
 def surfaces(searcher: str, seed: int) -> list[Surface]:
     diloco = replace(diloco_search(), searcher=searcher, seed=seed)
-    return [Surface("bowl (measured)", diloco, bowl(MEASURED)), Surface("outer ridge (measured)", diloco, outer_ridge(MEASURED)),
-            Surface("bowl (flat)", diloco, bowl(FLAT)), Surface("outer ridge (flat)", diloco, outer_ridge(FLAT)),
-            Surface("lr x batch", replace(lr_batch_search(searcher), seed=seed), lr_batch)]  # fmt: skip
+    return [
+        Surface("bowl (measured)", diloco, bowl(MEASURED)),
+        Surface("outer ridge (measured)", diloco, outer_ridge(MEASURED)),
+        Surface("bowl (flat)", diloco, bowl(FLAT)),
+        Surface("outer ridge (flat)", diloco, outer_ridge(FLAT)),
+        Surface("lr x batch", replace(lr_batch_search(searcher), seed=seed), lr_batch),
+    ]
 
 
 @dataclass(frozen=True)
@@ -173,7 +197,13 @@ def run_search(surface: Surface, noise_seed: int) -> Trace:
         for point in pending:
             results[point] = surface.true_loss(point) + noise.gauss(0.0, NOISE)
         winner = Tuning(search, dict(results)).winner  # None while only anchors ran
-        rounds.append((len(results), min(surface.true_loss(p) for p in results), math.inf if winner is None else surface.true_loss(winner)))
+        rounds.append(
+            (
+                len(results),
+                min(surface.true_loss(p) for p in results),
+                math.inf if winner is None else surface.true_loss(winner),
+            )
+        )
     return Trace(rounds, results)
 
 

@@ -50,8 +50,17 @@ class Lighthouse:
     def __init__(self, min_replicas: int, join_timeout_ms: int = 1000, heartbeat_timeout_ms: int = 1000) -> None:
         self.address = f"http://127.0.0.1:{free_port()}"
         bind = self.address.removeprefix("http://")
-        command = [LIGHTHOUSE, "--min_replicas", str(min_replicas), "--bind", bind,
-                   "--join_timeout_ms", str(join_timeout_ms), "--heartbeat_timeout_ms", str(heartbeat_timeout_ms)]  # fmt: skip
+        command = [
+            LIGHTHOUSE,
+            "--min_replicas",
+            str(min_replicas),
+            "--bind",
+            bind,
+            "--join_timeout_ms",
+            str(join_timeout_ms),
+            "--heartbeat_timeout_ms",
+            str(heartbeat_timeout_ms),
+        ]
         self.process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:
@@ -70,11 +79,20 @@ class Lighthouse:
         self.process.wait()
 
 
-def start_group(lighthouse: Lighthouse, index: int, folder: Path, cache: Path, overrides: list[str]) -> subprocess.Popen:
+def start_group(
+    lighthouse: Lighthouse, index: int, folder: Path, cache: Path, overrides: list[str]
+) -> subprocess.Popen:
     """One replica group: its own train.py process and run folder, its output in ``FOLDER.log``."""
-    command = [sys.executable, str(REPO / "train.py"), f"hydra.run.dir={folder}", f"paths.cache_dir={cache}", *overrides,
-               "technique.diloco.backend=torchft", f"technique.diloco.torchft.lighthouse={lighthouse.address}",
-               f"technique.diloco.torchft.group={index}"]  # fmt: skip
+    command = [
+        sys.executable,
+        str(REPO / "train.py"),
+        f"hydra.run.dir={folder}",
+        f"paths.cache_dir={cache}",
+        *overrides,
+        "technique.diloco.backend=torchft",
+        f"technique.diloco.torchft.lighthouse={lighthouse.address}",
+        f"technique.diloco.torchft.group={index}",
+    ]
     folder.parent.mkdir(parents=True, exist_ok=True)
     log = open(folder.parent / f"{folder.name}.log", "w")
     return subprocess.Popen(command, cwd=REPO, env=ENV, stdout=log, stderr=subprocess.STDOUT, text=True)
@@ -112,7 +130,11 @@ PER_GROUP_CALLBACKS = "technique.diloco.torchft.per_group_keys=[callbacks.row_lo
 
 
 def row_log(folder: Path) -> list[str]:
-    return ["+callbacks.row_log._target_=benchmarks.row_log.RowLog", f"+callbacks.row_log.path={folder / 'rows'}", PER_GROUP_CALLBACKS]
+    return [
+        "+callbacks.row_log._target_=benchmarks.row_log.RowLog",
+        f"+callbacks.row_log.path={folder / 'rows'}",
+        PER_GROUP_CALLBACKS,
+    ]
 
 
 def valid_checkpoint(folder: Path) -> Path | None:
@@ -179,14 +201,20 @@ def run_chaos(
     marker = folder / "pace"
     folder.mkdir(parents=True, exist_ok=True)
     marker.touch()
-    pace = ["+callbacks.pace._target_=benchmarks.pace.Pace", f"+callbacks.pace.seconds={pace_s}", f"+callbacks.pace.while_exists={marker}"]
+    pace = [
+        "+callbacks.pace._target_=benchmarks.pace.Pace",
+        f"+callbacks.pace.seconds={pace_s}",
+        f"+callbacks.pace.while_exists={marker}",
+    ]
     members = [Group(g) for g in range(groups)]
     done_kills = from_checkpoint = 0
     with Lighthouse(min_replicas=groups // 2 + 1) as lighthouse:
 
         def start(group: Group, extra: list[str]) -> None:
             group.folders.append(folder / f"group{group.index}_run{len(group.folders)}")
-            group.process = start_group(lighthouse, group.index, group.folder, cache, [*overrides, *pace, *row_log(group.folder), *extra])
+            group.process = start_group(
+                lighthouse, group.index, group.folder, cache, [*overrides, *pace, *row_log(group.folder), *extra]
+            )
 
         for group in members:
             start(group, [])
@@ -216,8 +244,14 @@ def run_chaos(
     return _result(members, reference, done_kills, from_checkpoint, exit_codes, time.monotonic() - started)
 
 
-def _result(members: list[Group], reference: dict[int, list[str]], kills: int, from_checkpoint: int, exit_codes: list[int],
-            seconds: float) -> ChaosResult:  # fmt: skip
+def _result(
+    members: list[Group],
+    reference: dict[int, list[str]],
+    kills: int,
+    from_checkpoint: int,
+    exit_codes: list[int],
+    seconds: float,
+) -> ChaosResult:
     steps = max(reference)
     per_step = len(reference[1]) // len(members)
     trained: dict[int, dict[int, set[str]]] = {group.index: {} for group in members}
@@ -240,8 +274,18 @@ def _result(members: list[Group], reference: dict[int, list[str]], kills: int, f
         weights = [_weights(path) for path in finals]
         difference = max((w[k] - weights[0][k]).abs().max().item() for w in weights[1:] for k in weights[0])
     discarded = sum(log_of(run).count(DISCARDED) for group in members for run in group.folders)
-    return ChaosResult(kills, from_checkpoint, exit_codes, discarded, untrained, sum(untrained.values()) * per_step * tokens_per_row,
-                       wrong, difference, steps, seconds)  # fmt: skip
+    return ChaosResult(
+        kills,
+        from_checkpoint,
+        exit_codes,
+        discarded,
+        untrained,
+        sum(untrained.values()) * per_step * tokens_per_row,
+        wrong,
+        difference,
+        steps,
+        seconds,
+    )
 
 
 def _tokens_per_row(folder: Path) -> int:

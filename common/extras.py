@@ -24,5 +24,9 @@ def needs_extra(what: str) -> Iterator[None]:
         if module not in EXTRAS:
             raise
         extra = EXTRAS[module]
-        print(f'error: {what} needs {module}, which the {extra} extra installs: pip install -e ".[{extra}]"', file=sys.stderr, flush=True)
+        print(
+            f'error: {what} needs {module}, which the {extra} extra installs: pip install -e ".[{extra}]"',
+            file=sys.stderr,
+            flush=True,
+        )
         raise SystemExit(2) from None

@@ -36,7 +36,10 @@ def load_or_train_bpe(
         _save_atomically(tokenizer, path)
         log.info(
             "Trained a %s-token BPE tokenizer on %s documents in %.1f s; cached at %s",
-            f"{tokenizer.get_vocab_size():,}", f"{counted.count:,}", time.perf_counter() - start, path,
+            f"{tokenizer.get_vocab_size():,}",
+            f"{counted.count:,}",
+            time.perf_counter() - start,
+            path,
         )
     return Tokenizer.from_file(str(path))
 

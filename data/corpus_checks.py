@@ -25,7 +25,12 @@ UTF8_CHUNK = 1 << 20
 TEXT_FIELD = "data.source.text_field"
 SHOWN_FILES = 3
 JSON_TYPES = {
-    dict: "an object", list: "an array", str: "a string", bool: "a boolean", int: "a number", float: "a number"
+    dict: "an object",
+    list: "an array",
+    str: "a string",
+    bool: "a boolean",
+    int: "a number",
+    float: "a number",
 }
 
 

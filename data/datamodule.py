@@ -424,6 +424,8 @@ def _source_parts(source: Mapping[str, Any] | None, mixture: Mapping[str, Any] |
         return [SourcePart(None, 1.0, build_source(as_plain_dict(source, "data.source")))]
     entries = mixture_entries(as_plain_dict(mixture, "data.mixture"))
     return [
-        SourcePart(entry.name, entry.weight, build_source(as_plain_dict(entry.source, f"data.mixture.{entry.name}.source")))
+        SourcePart(
+            entry.name, entry.weight, build_source(as_plain_dict(entry.source, f"data.mixture.{entry.name}.source"))
+        )
         for entry in entries
     ]

@@ -52,10 +52,19 @@ def mixture_entries(cfg: Mapping[str, Any]) -> list[MixtureEntry]:
         if not isinstance(entry, Mapping) or set(entry) != {"weight", "source"}:
             raise ConfigError(f"{SETTING}.{name} must have exactly the keys weight and source, got {entry!r}")
         weight = entry["weight"]
-        if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not weight > 0 or not math.isfinite(weight):
-            raise ConfigError(f"{SETTING}.{name}.weight must be a positive number (its share of training rows), got {weight!r}")
+        if (
+            isinstance(weight, bool)
+            or not isinstance(weight, (int, float))
+            or not weight > 0
+            or not math.isfinite(weight)
+        ):
+            raise ConfigError(
+                f"{SETTING}.{name}.weight must be a positive number (its share of training rows), got {weight!r}"
+            )
         if not isinstance(entry["source"], Mapping):
-            raise ConfigError(f"{SETTING}.{name}.source must be a source block such as {{kind: embedded}}, got {entry['source']!r}")
+            raise ConfigError(
+                f"{SETTING}.{name}.source must be a source block such as {{kind: embedded}}, got {entry['source']!r}"
+            )
         entries.append(MixtureEntry(str(name), float(weight), dict(entry["source"])))
     total = sum(entry.weight for entry in entries)
     return [MixtureEntry(entry.name, entry.weight / total, entry.source) for entry in entries]

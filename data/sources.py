@@ -248,7 +248,9 @@ def _files(settings: Mapping[str, Any]) -> tuple[tuple[Stream, ...], dict[str, A
     text_field = _text_field(settings)
     file_format = settings.get("format")
     if file_format is not None and file_format not in FORMATS:
-        raise ConfigError(f"{SETTING}.format={file_format!r} is not valid; choose one of: {', '.join(FORMATS)} (or null: by extension)")
+        raise ConfigError(
+            f"{SETTING}.format={file_format!r} is not valid; choose one of: {', '.join(FORMATS)} (or null: by extension)"
+        )
     stats = {path: os.stat(path) for path in files}
     by_builder: dict[str, list[str]] = {}
     for path in files:

@@ -222,13 +222,18 @@ def open_token_cache(directory: str | os.PathLike[str]) -> TokenCache:
     dtype = np.dtype(meta["dtype"])
     counts = [json.loads((directory / _shard_file(k, "json")).read_text()) for k in range(meta["shards"])]
     splits = {
-        split: TokenStream([_memmap(directory / _shard_file(k, split), dtype, c[f"{split}_tokens"]) for k, c in enumerate(counts)], dtype)
+        split: TokenStream(
+            [_memmap(directory / _shard_file(k, split), dtype, c[f"{split}_tokens"]) for k, c in enumerate(counts)],
+            dtype,
+        )
         for split in SPLITS
     }
     for split in SPLITS:
         if len(splits[split]) != meta[f"{split}_tokens"]:
-            raise DataError(f"token cache {directory} holds {len(splits[split])} {split} tokens, its meta.json says "
-                            f"{meta[f'{split}_tokens']}: delete that folder and run again to rebuild it")  # fmt: skip
+            raise DataError(
+                f"token cache {directory} holds {len(splits[split])} {split} tokens, its meta.json says "
+                f"{meta[f'{split}_tokens']}: delete that folder and run again to rebuild it"
+            )
     return TokenCache(directory, meta, splits["train"], splits["val"])
 
 
@@ -281,9 +286,13 @@ def _write_shards(
     totals = {key: sum(c[key] for c in done) for key in _COUNT_KEYS}
     start = time.perf_counter()
     if done:
-        log.info("%d shards (%d documents, %d tokens) were finished before; tokenizing from document %d",
-                 len(done), len(done) * SHARD_DOCUMENTS, totals["train_tokens"] + totals["val_tokens"],
-                 len(done) * SHARD_DOCUMENTS)  # fmt: skip
+        log.info(
+            "%d shards (%d documents, %d tokens) were finished before; tokenizing from document %d",
+            len(done),
+            len(done) * SHARD_DOCUMENTS,
+            totals["train_tokens"] + totals["val_tokens"],
+            len(done) * SHARD_DOCUMENTS,
+        )
     documents = _documents_from(source, cache_dir / HF_DATASETS_SUBDIR, len(done) * SHARD_DOCUMENTS)
     shard, next_log = len(done), LOG_EVERY_TOKENS
     capped = source.max_tokens is not None and totals["train_tokens"] + totals["val_tokens"] >= source.max_tokens
@@ -323,7 +332,10 @@ def _write_shard(
     first_document = shard * SHARD_DOCUMENTS
     tokens_before = totals["train_tokens"] + totals["val_tokens"]
     capped = False
-    with open(staging / _shard_file(shard, "train"), "wb") as train, open(staging / _shard_file(shard, "val"), "wb") as val:
+    with (
+        open(staging / _shard_file(shard, "train"), "wb") as train,
+        open(staging / _shard_file(shard, "val"), "wb") as val,
+    ):
         writers = {False: _SplitWriter(train, dtype, tokenizer), True: _SplitWriter(val, dtype, tokenizer)}
         for offset in range(0, len(documents), ENCODE_BATCH):
             chunk = documents[offset : offset + ENCODE_BATCH]

@@ -103,8 +103,10 @@ def token_files(settings: Mapping[str, Any]) -> TokenFiles:
         raise ConfigError(f"{SETTING}.eos_id must be a non-negative integer or null, got {eos_id!r}")
     train = tuple(_layout(path, dtype) for path in resolve_paths(settings.get("paths"), f"{SETTING}.paths", "*.bin"))
     val_paths = settings.get("val_paths")
-    val = () if val_paths is None else tuple(
-        _layout(path, dtype) for path in resolve_paths(val_paths, f"{SETTING}.val_paths", "*.bin")
+    val = (
+        ()
+        if val_paths is None
+        else tuple(_layout(path, dtype) for path in resolve_paths(val_paths, f"{SETTING}.val_paths", "*.bin"))
     )
     description = {
         "files": [file.version() for file in train],
@@ -147,8 +149,10 @@ def _npy_layout(path: str, handle: Any, declared: str | None) -> TokenFile:
             f"{', '.join(NPY_DTYPES)} (np.save(path, ids.astype(np.uint32)))"
         )
     if declared is not None and declared != dtype.name:
-        raise DataError(f"{path} holds {dtype.name} ids (its .npy header) but {SETTING}.dtype={declared}; "
-                        f"set {SETTING}.dtype={dtype.name} or null")  # fmt: skip
+        raise DataError(
+            f"{path} holds {dtype.name} ids (its .npy header) but {SETTING}.dtype={declared}; "
+            f"set {SETTING}.dtype={dtype.name} or null"
+        )
     if shape[0] == 0:
         raise DataError(f"{path} holds no token ids; leave it out of {SETTING}.paths")
     return TokenFile(path, dtype, handle.tell(), shape[0])

@@ -108,8 +108,10 @@ class HFTokenizer:
         self._tokenizer.model_max_length = sys.maxsize
         self.eos_id = eos_id
         self.vocab_size = len(tokenizer)
-        identity = tokenizer.backend_tokenizer.to_str() if tokenizer.is_fast else json.dumps(
-            tokenizer.get_vocab(), sort_keys=True
+        identity = (
+            tokenizer.backend_tokenizer.to_str()
+            if tokenizer.is_fast
+            else json.dumps(tokenizer.get_vocab(), sort_keys=True)
         )
         self.fingerprint = "hf-" + digest(type(tokenizer).__name__, identity, str(eos_id))
 

@@ -72,7 +72,9 @@ def read_checkpoint(path: Path, allow_stale: bool = False) -> CheckpointContents
         raise CheckpointError(f"{reason}; pass a checkpoint written by train.py (its checkpoints/ folder)") from error
     note = contents.metadata.get(WEIGHTS_NOTE)
     if note is not None and not allow_stale:
-        raise CheckpointError(f"{path} holds weights that are not its run's: {note}; pass --allow-stale-weights to use them anyway")
+        raise CheckpointError(
+            f"{path} holds weights that are not its run's: {note}; pass --allow-stale-weights to use them anyway"
+        )
     return contents
 
 

@@ -93,8 +93,14 @@ def build_corpus_cloze_task(
             "use another evaluation task (evaluation.tasks) or evaluation=none"
         )
     val_fraction = data_settings["val_fraction"]
-    key = {"task": TASK_NAME, "version": FORMAT_VERSION, "source": source.description,
-           "val_fraction": str(val_fraction), "k": k, "seed": seed}  # fmt: skip
+    key = {
+        "task": TASK_NAME,
+        "version": FORMAT_VERSION,
+        "source": source.description,
+        "val_fraction": str(val_fraction),
+        "k": k,
+        "seed": seed,
+    }
     folder = (cache_dir / "eval" / f"{TASK_NAME}-{digest_json(key)}").absolute()
     if not (folder / ITEMS_FILE).is_file():
         documents = held_out_documents(source, ValidationSplit(val_fraction), cache_dir)

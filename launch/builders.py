@@ -31,9 +31,12 @@ def instantiate_checked(spec: dict[str, Any], key: str, **kwargs: Any) -> Any:
 
 def build_datamodule(settings: RunSettings) -> TextDataModule:
     return instantiate_checked(
-        settings.data.spec, "data", micro_batch_size=settings.run.micro_batch_size, data_groups=settings.run.data_groups,
+        settings.data.spec,
+        "data",
+        micro_batch_size=settings.run.micro_batch_size,
+        data_groups=settings.run.data_groups,
         _convert_="all",
-    )  # fmt: skip
+    )
 
 
 def build_module(settings: RunSettings, vocab_size: int) -> LlamaLightningModule:
@@ -114,4 +117,6 @@ def build_strategy(settings: RunSettings) -> Strategy | str:
 
 
 def build_trainer(settings: RunSettings, loggers: list[Logger], callbacks: list[L.Callback]) -> L.Trainer:
-    return instantiate(settings.trainer.spec, callbacks=callbacks, logger=loggers or False, strategy=build_strategy(settings))
+    return instantiate(
+        settings.trainer.spec, callbacks=callbacks, logger=loggers or False, strategy=build_strategy(settings)
+    )

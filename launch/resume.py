@@ -25,13 +25,17 @@ def checkpoint_metadata(path: str) -> dict[str, Any]:
     location = Path(path)
     file = location / "meta.pt" if location.is_dir() else location
     if not location.exists():
-        raise CheckpointError(f"ckpt_path={path} does not exist; give a checkpoint a run wrote (its checkpoints/ folder).")
+        raise CheckpointError(
+            f"ckpt_path={path} does not exist; give a checkpoint a run wrote (its checkpoints/ folder)."
+        )
     if location.is_dir() and not (location / ".metadata").is_file():
         raise CheckpointError(f"ckpt_path={path} is a folder but not a distributed checkpoint (no .metadata file).")
     try:
         checkpoint = torch.load(file, map_location="cpu", weights_only=False, mmap=not location.is_dir())
     except Exception as error:  # truncated, not a zip, not a pickle: any of them means unreadable
-        raise CheckpointError(f"ckpt_path={path} is not a readable checkpoint ({type(error).__name__}: {error}).") from None
+        raise CheckpointError(
+            f"ckpt_path={path} is not a readable checkpoint ({type(error).__name__}: {error})."
+        ) from None
     if not isinstance(checkpoint, dict) or "training_state" not in checkpoint:
         raise CheckpointError(f"ckpt_path={path} is not a checkpoint of this framework (it has no training state).")
     return checkpoint
@@ -66,7 +70,9 @@ def check_resume(
         raise CheckpointError(_mismatch(path, "data.seq_len", saved_seq_len, seq_len))
     saved_replicas = saved.get("sequential_replicas", 1)
     if saved_replicas != sequential_replicas:
-        raise CheckpointError(_mismatch(path, "technique.diloco.replicas (simulated)", saved_replicas, sequential_replicas))
+        raise CheckpointError(
+            _mismatch(path, "technique.diloco.replicas (simulated)", saved_replicas, sequential_replicas)
+        )
 
 
 def _mismatch(path: str, setting: str, before: Any, now: Any) -> str:

@@ -161,7 +161,9 @@ def report_busy(job: SweepJob, holder: str) -> None:
 
 def report_skip(job: SweepJob, metrics: dict[str, float]) -> None:
     loss = metrics.get("val/loss")
-    log.info("skipped %s: finished in an earlier run%s", job.label, f" (val/loss {loss:.4f})" if loss is not None else "")
+    log.info(
+        "skipped %s: finished in an earlier run%s", job.label, f" (val/loss {loss:.4f})" if loss is not None else ""
+    )
 
 
 def report_resume(job: SweepJob, checkpoint: Path) -> None:
@@ -169,4 +171,6 @@ def report_resume(job: SweepJob, checkpoint: Path) -> None:
 
 
 def report_stopped(job: SweepJob) -> None:
-    log.info("stopped %s before its end (SIGTERM or Ctrl-C): the sweep ends here; the same command resumes it", job.label)
+    log.info(
+        "stopped %s before its end (SIGTERM or Ctrl-C): the sweep ends here; the same command resumes it", job.label
+    )

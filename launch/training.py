@@ -47,7 +47,11 @@ def train(settings: RunSettings) -> RunResult:
     ckpt_path = settings.job.ckpt_path
     if ckpt_path:
         check_resume(
-            ckpt_path, module.model_config, datamodule.seq_len, settings.run.sequential_replicas, settings.optimizer.kind,
+            ckpt_path,
+            module.model_config,
+            datamodule.seq_len,
+            settings.run.sequential_replicas,
+            settings.optimizer.kind,
             world,
         )
     loggers = build_loggers(settings)
@@ -67,9 +71,12 @@ def train(settings: RunSettings) -> RunResult:
     if trainer.is_global_zero and "val/loss" in metrics:
         log.info(
             "%s at step %d after %s tokens: val/loss %.4f (nats per token); outputs in %s",
-            "stopped" if not finished else "finished" if note is None else "ended behind the run", clock.steps,
-            f"{clock.tokens:,}", metrics["val/loss"], trainer.default_root_dir,
-        )  # fmt: skip
+            "stopped" if not finished else "finished" if note is None else "ended behind the run",
+            clock.steps,
+            f"{clock.tokens:,}",
+            metrics["val/loss"],
+            trainer.default_root_dir,
+        )
     if finished and note is not None:
         raise StaleWeights(note)
     return RunResult(metrics, finished=finished)

@@ -63,7 +63,9 @@ def float8_linear_config(recipe: str, emulate: bool, sharded: bool):
     from torchao.float8 import Float8LinearConfig
 
     config = Float8LinearConfig.from_recipe_name(recipe)
-    return dataclasses.replace(config, emulate=emulate, enable_fsdp_float8_all_gather=float8_all_gather(recipe, sharded))
+    return dataclasses.replace(
+        config, emulate=emulate, enable_fsdp_float8_all_gather=float8_all_gather(recipe, sharded)
+    )
 
 
 def is_block_linear(module: nn.Module, name: str) -> bool:

@@ -302,7 +302,9 @@ def _config_from_hyper_parameters(checkpoint: Mapping[str, Any], path: Path) -> 
     values = {key: model_hp[key] for key in model_hp if key != "_target_"}
     unknown = values.keys() - {f.name for f in fields(LlamaSettings)}
     if unknown:
-        raise KeyError(f"{path}: hyper_parameters['model'] has keys that are not LlamaSettings fields: {sorted(unknown)}")
+        raise KeyError(
+            f"{path}: hyper_parameters['model'] has keys that are not LlamaSettings fields: {sorted(unknown)}"
+        )
     return LlamaSettings(**values)
 
 

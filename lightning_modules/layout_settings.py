@@ -81,10 +81,14 @@ class LayoutSettings(Section):
     float8_emulate: bool
 
     def __post_init__(self) -> None:
-        for name, choices in (("activation_checkpointing", ACTIVATION_CHECKPOINTING), ("compile", COMPILE),
-                              ("compile_mode", COMPILE_MODES),
-                              ("loss", LOSSES), ("attention_backend", ATTENTION_BACKEND_NAMES),
-                              ("float8", FLOAT8_RECIPES)):  # fmt: skip
+        for name, choices in (
+            ("activation_checkpointing", ACTIVATION_CHECKPOINTING),
+            ("compile", COMPILE),
+            ("compile_mode", COMPILE_MODES),
+            ("loss", LOSSES),
+            ("attention_backend", ATTENTION_BACKEND_NAMES),
+            ("float8", FLOAT8_RECIPES),
+        ):
             if getattr(self, name) not in choices:
                 raise ConfigError(f"layout.{name}={getattr(self, name)!r} is unknown; choose one of {choices}.")
         if self.checkpoint_every < 1:
@@ -119,10 +123,16 @@ class LayoutSettings(Section):
         process under FSDP (services phase: the model's vocabulary comes from the tokenizer)."""
         shards = run.world_size if run.strategy in SHARDING_STRATEGIES and run.world_size else 1
         return memory_plan(
-            run.model_with_vocab(), precision=run.precision, optimizer=run.optimizer, shards=shards,
-            micro_batch=run.micro_batch_size, seq_len=run.seq_len, checkpointing=self.activation_checkpointing,
-            checkpoint_every=self.checkpoint_every, loss=self.loss,
-        )  # fmt: skip
+            run.model_with_vocab(),
+            precision=run.precision,
+            optimizer=run.optimizer,
+            shards=shards,
+            micro_batch=run.micro_batch_size,
+            seq_len=run.seq_len,
+            checkpointing=self.activation_checkpointing,
+            checkpoint_every=self.checkpoint_every,
+            loss=self.loss,
+        )
 
     def _check_float8(self, run: RunContext) -> None:
         recipe = self.float8
@@ -143,8 +153,11 @@ class LayoutSettings(Section):
                 " (for tests; it is slower than fp32), or set layout.float8=none."
             )
         model = run.model
-        dims = {"model.d_model": model.d_model, "model.n_kv_heads x head_dim": model.n_kv_heads * model.head_dim,
-                "model.mlp_hidden": model.mlp_hidden}  # fmt: skip
+        dims = {
+            "model.d_model": model.d_model,
+            "model.n_kv_heads x head_dim": model.n_kv_heads * model.head_dim,
+            "model.mlp_hidden": model.mlp_hidden,
+        }
         odd = {name: size for name, size in dims.items() if size % FLOAT8_DIM_MULTIPLE}
         if odd:
             listed = ", ".join(f"{name}={size}" for name, size in odd.items())
@@ -164,7 +177,9 @@ class LayoutSettings(Section):
                 f" {problem}; set layout.float8=none (or layout.float8_emulate=true, for tests)."
             )
         if not torchao_available():
-            raise ConfigError(f'layout.float8={recipe} needs torchao: pip install -e ".[float8]"; or set layout.float8=none.')
+            raise ConfigError(
+                f'layout.float8={recipe} needs torchao: pip install -e ".[float8]"; or set layout.float8=none.'
+            )
 
     def _check_liger_available(self) -> None:
         from lightning_modules.liger_kernels import liger_available

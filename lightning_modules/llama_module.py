@@ -42,7 +42,14 @@ from lightning_modules.parallelism import (
 )
 from lightning_modules.training_state import WEIGHTS_NOTE, TrainingState
 
-PROGRESS_BAR_KEYS = ("train/loss", "perf/tokens_per_sec", "train/global_batch_size", "train/seq_len", "diloco/round", "diloco/pseudo_grad_norm")
+PROGRESS_BAR_KEYS = (
+    "train/loss",
+    "perf/tokens_per_sec",
+    "train/global_batch_size",
+    "train/seq_len",
+    "diloco/round",
+    "diloco/pseudo_grad_norm",
+)
 log = logging.getLogger(__name__)
 LARGEST_EXP_ARGUMENT = math.log(sys.float_info.max)  # 709.78
 
@@ -179,7 +186,9 @@ class LlamaLightningModule(L.LightningModule):
         state = self.training_state
         previous = state.global_batch
         ranks = self.data_groups.data_parallel_size(self.trainer.world_size)
-        state.global_batch = GlobalBatch(self.batch_config, previous.micro_batch_size, ranks, previous.sequential_replicas)
+        state.global_batch = GlobalBatch(
+            self.batch_config, previous.micro_batch_size, ranks, previous.sequential_replicas
+        )
         state.global_batch.load_state_dict(previous.state_dict())
         state.log_every_n_steps = self.trainer.log_every_n_steps
         self._step_callbacks = [callback for callback in self.trainer.callbacks if isinstance(callback, StepCallback)]
@@ -265,7 +274,9 @@ class LlamaLightningModule(L.LightningModule):
         state.trained_tokens += self._step_tokens * self.trainer.world_size  # this job's ranks alone
         state.micro_batch_index = 0
         state.local_step_loss = self._step_loss / state.global_batch.accumulation
-        state.step_loss = self.trainer.strategy.reduce(state.local_step_loss.clone(), reduce_op="mean")  # reduces in place
+        state.step_loss = self.trainer.strategy.reduce(
+            state.local_step_loss.clone(), reduce_op="mean"
+        )  # reduces in place
         state.stopping = self._ends_training()
         state.record_metrics(
             {
@@ -351,12 +362,18 @@ class LlamaLightningModule(L.LightningModule):
         val_loss = self._token_mean(loss_sum, tokens)
         self.log("val/loss", val_loss, prog_bar=True, logger=False)  # for the bar and checkpoint monitors
         per_source = {
-            f"val/loss/{source}": self._token_mean(*total).item() for source, total in self._val_sums.items() if source is not None
+            f"val/loss/{source}": self._token_mean(*total).item()
+            for source, total in self._val_sums.items()
+            if source is not None
         }
         if not self.trainer.sanity_checking:
             value = val_loss.item()
-            row = {"val/loss": value, "val/ppl": perplexity(value), **per_source,
-                   "train/tokens_seen": float(self.training_state.clock.tokens)}  # fmt: skip
+            row = {
+                "val/loss": value,
+                "val/ppl": perplexity(value),
+                **per_source,
+                "train/tokens_seen": float(self.training_state.clock.tokens),
+            }
             for logger in self.loggers:
                 logger.log_metrics(row, step=self.training_state.clock.steps)
 
@@ -393,7 +410,11 @@ class LlamaLightningModule(L.LightningModule):
             log.info(note)
         configured = self.batch_config.global_batch_size
         if not self.batch_scheduled and state.global_batch.size != configured:
-            log.info("resuming with batch.global_batch_size=%d (the checkpoint's run was at %d)", configured, state.global_batch.size)
+            log.info(
+                "resuming with batch.global_batch_size=%d (the checkpoint's run was at %d)",
+                configured,
+                state.global_batch.size,
+            )
             state.global_batch.size = configured
 
     def on_train_start(self) -> None:
@@ -405,5 +426,8 @@ class LlamaLightningModule(L.LightningModule):
             self.trainer.datamodule.seek(self.training_state.clock.sequences)
             self.training_state.set_data_seek(self.trainer.datamodule.seek)  # a clock moved mid-run
         if self.training_state.stopping:
-            log.info("the checkpoint is at the end of training (step %d): nothing left to train", self.training_state.clock.steps)
+            log.info(
+                "the checkpoint is at the end of training (step %d): nothing left to train",
+                self.training_state.clock.steps,
+            )
             self.trainer.should_stop = True

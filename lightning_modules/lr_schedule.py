@@ -78,9 +78,7 @@ def decay_shape(name: str, progress: float, decay_fraction: float) -> float:
     return 1.0 if p <= stable_until else (1.0 - p) / decay_fraction
 
 
-def learning_rate(
-    peak: float, config: LRScheduleSettings, step: int, tokens: int, token_budget: int | None
-) -> float:
+def learning_rate(peak: float, config: LRScheduleSettings, step: int, tokens: int, token_budget: int | None) -> float:
     """LR for optimizer step number ``step`` (1-based) taken after ``tokens`` tokens were seen."""
     if config.warmup_steps:
         warm = min(1.0, step / config.warmup_steps)

@@ -55,8 +55,9 @@ class MemoryPlan:
         return f"{states} = {self.states / GIB:.1f} GiB, + activations about {self.activations / GIB:.1f} GiB = {self.total / GIB:.1f} GiB"
 
 
-def activation_bytes_per_token(model: LlamaSettings, checkpointing: str, loss: str, compute_bytes: int,
-                               checkpoint_every: int = 1) -> float:  # fmt: skip
+def activation_bytes_per_token(
+    model: LlamaSettings, checkpointing: str, loss: str, compute_bytes: int, checkpoint_every: int = 1
+) -> float:
     """What backward keeps per token of a micro-batch (module docstring)."""
     d, k, h = model.d_model, model.n_kv_heads * model.head_dim, model.mlp_hidden
     block = 6 * d + 2 * k + 5 * h
@@ -68,8 +69,18 @@ def activation_bytes_per_token(model: LlamaSettings, checkpointing: str, loss: s
     return compute_bytes * (blocks + recomputed) + head
 
 
-def memory_plan(model: LlamaSettings, *, precision: str, optimizer: str, shards: int, micro_batch: int, seq_len: int,
-                checkpointing: str, loss: str, checkpoint_every: int = 1) -> MemoryPlan:  # fmt: skip
+def memory_plan(
+    model: LlamaSettings,
+    *,
+    precision: str,
+    optimizer: str,
+    shards: int,
+    micro_batch: int,
+    seq_len: int,
+    checkpointing: str,
+    loss: str,
+    checkpoint_every: int = 1,
+) -> MemoryPlan:
     """The plan of one device of a run (``shards``: devices the weights are split over)."""
     weight_bytes = 2 if precision == "bf16-true" else 4
     compute_bytes = 2 if "bf16" in precision else 4
@@ -78,7 +89,9 @@ def memory_plan(model: LlamaSettings, *, precision: str, optimizer: str, shards:
         parameters=per_device * weight_bytes,
         gradients=per_device * weight_bytes,
         optimizer=per_device * weight_bytes * OPTIMIZER_STATES.get(optimizer, 2),
-        activations=micro_batch * seq_len * activation_bytes_per_token(model, checkpointing, loss, compute_bytes, checkpoint_every),
+        activations=micro_batch
+        * seq_len
+        * activation_bytes_per_token(model, checkpointing, loss, compute_bytes, checkpoint_every),
     )
 
 

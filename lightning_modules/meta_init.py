@@ -42,9 +42,7 @@ def materialize_and_init(model: Llama, device: torch.device, seed: int) -> None:
     model.init_weights(seed)
 
 
-def fsdp1_param_init_fn(
-    model: Llama, seed: int, device: torch.device | None = None
-) -> Callable[[nn.Module], None]:
+def fsdp1_param_init_fn(model: Llama, seed: int, device: torch.device | None = None) -> Callable[[nn.Module], None]:
     """A ``param_init_fn`` for FSDP1 that materialises ``model``'s meta parameters on
     ``device`` (None: the current CUDA device, at call time) with ``init_weights``' values.
 

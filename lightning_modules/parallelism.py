@@ -103,7 +103,9 @@ def liger_modules_compile(config: LayoutSettings, dynamic_seq_len: bool) -> bool
     return config.compile == "none" or not dynamic_seq_len
 
 
-def apply_layout(model: nn.Module, config: LayoutSettings, mesh: DeviceMesh | None = None, dynamic_seq_len: bool = False) -> None:
+def apply_layout(
+    model: nn.Module, config: LayoutSettings, mesh: DeviceMesh | None = None, dynamic_seq_len: bool = False
+) -> None:
     """Apply the configured layout; ``mesh`` is the data-parallel mesh when sharding.
 
     Order, as torchtitan: kernels swapped in and float8 linear layers converted, then

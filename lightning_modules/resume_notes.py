@@ -19,5 +19,7 @@ def resume_notes(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
             if before != now:
                 notes.append(f"resuming with {section}.{field}={now} (the checkpoint's run had {before})")
     if saved.get("token_budget") != current["token_budget"]:
-        notes.append(f"resuming with token_budget={current['token_budget']} (the checkpoint's run had {saved.get('token_budget')})")
+        notes.append(
+            f"resuming with token_budget={current['token_budget']} (the checkpoint's run had {saved.get('token_budget')})"
+        )
     return notes

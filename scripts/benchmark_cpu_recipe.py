@@ -76,27 +76,39 @@ FINISHED = re.compile(r"finished at step \d+ after ([\d,]+) tokens: val/loss ([\
 
 def reference_seconds(repeats: int = 3) -> list[float]:
     """The reference loop's seconds, each run in a fresh process."""
-    runs = [subprocess.run([sys.executable, "-c", REFERENCE], capture_output=True, text=True, check=True) for _ in range(repeats)]
+    runs = [
+        subprocess.run([sys.executable, "-c", REFERENCE], capture_output=True, text=True, check=True)
+        for _ in range(repeats)
+    ]
     return [float(run.stdout.strip()) for run in runs]
 
 
 def run_recipe(recipe: Recipe, out: Path) -> Measured:
     """One whole `python train.py`, timed from the command's start to its exit."""
-    command = [sys.executable, str(REPO / "train.py"), f"paths.output_dir={out / recipe.name}",
-               f"paths.cache_dir={out / 'cache'}", *recipe.overrides]  # fmt: skip
+    command = [
+        sys.executable,
+        str(REPO / "train.py"),
+        f"paths.output_dir={out / recipe.name}",
+        f"paths.cache_dir={out / 'cache'}",
+        *recipe.overrides,
+    ]
     start = time.perf_counter()
     result = subprocess.run(command, capture_output=True, text=True, cwd=REPO)
     seconds = time.perf_counter() - start
     found = FINISHED.search(result.stdout + result.stderr)
     if result.returncode != 0 or found is None:
-        raise SystemExit(f"error: recipe {recipe.name} did not finish (exit {result.returncode}):\n{result.stderr[-2000:]}")
+        raise SystemExit(
+            f"error: recipe {recipe.name} did not finish (exit {result.returncode}):\n{result.stderr[-2000:]}"
+        )
     return Measured(recipe, seconds, int(found.group(1).replace(",", "")), float(found.group(2)))
 
 
 def parse_recipe(text: str) -> Recipe:
     name, _, overrides = text.partition("=")
     if not name:
-        raise argparse.ArgumentTypeError(f"recipe {text!r} has no name: write NAME=override,override (or NAME= for none)")
+        raise argparse.ArgumentTypeError(
+            f"recipe {text!r} has no name: write NAME=override,override (or NAME= for none)"
+        )
     return Recipe(name, tuple(item for item in overrides.split(",") if item))
 
 
@@ -108,21 +120,36 @@ def table(measured: list[Measured], reference_s: float) -> str:
     for run in measured:
         rate = run.rate(reference_s)
         predicted = [f"{rate * cpu.reference_s * run.tokens / 1e6:.0f}" for cpu in CPU_TYPES]
-        row = [run.recipe.name, f"{run.tokens:,}", f"{run.val_loss:.4f}", f"{run.seconds:.0f}", f"{rate:.2f}", *predicted]
+        row = [
+            run.recipe.name,
+            f"{run.tokens:,}",
+            f"{run.val_loss:.4f}",
+            f"{run.seconds:.0f}",
+            f"{rate:.2f}",
+            *predicted,
+        ]
         lines.append("| " + " | ".join(row) + " |")
     return "\n".join(lines)
 
 
 def known_rates() -> str:
-    lines = [f"- {cpu.name}: {model}: {rate:.2f} reference loops per 1M tokens"
-             for cpu in CPU_TYPES for model, rate in cpu.measured_rates.items()]  # fmt: skip
+    lines = [
+        f"- {cpu.name}: {model}: {rate:.2f} reference loops per 1M tokens"
+        for cpu in CPU_TYPES
+        for model, rate in cpu.measured_rates.items()
+    ]
     return "Rates measured on the other types (compare with this machine's):\n" + "\n".join(lines)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--recipe", type=parse_recipe, action="append", default=None,
-                        help="NAME=override,override (repeatable; default: default= and adamw_recipe=+experiment=adamw_recipe)")  # fmt: skip
+    parser.add_argument(
+        "--recipe",
+        type=parse_recipe,
+        action="append",
+        default=None,
+        help="NAME=override,override (repeatable; default: default= and adamw_recipe=+experiment=adamw_recipe)",
+    )
     return parser.parse_args(argv)
 
 
@@ -131,7 +158,9 @@ def main(argv: list[str] | None = None) -> None:
     recipes = args.recipe or [Recipe("default", ()), Recipe("adamw_recipe", ("+experiment=adamw_recipe",))]
     references = reference_seconds()
     reference_s = statistics.median(references)
-    print(f"reference loop: {reference_s:.3f} s (median of {', '.join(f'{s:.3f}' for s in references)})", file=sys.stderr)
+    print(
+        f"reference loop: {reference_s:.3f} s (median of {', '.join(f'{s:.3f}' for s in references)})", file=sys.stderr
+    )
     with tempfile.TemporaryDirectory(prefix="benchmark_cpu_recipe_") as out:
         measured = []
         for recipe in recipes:

@@ -31,7 +31,9 @@ from benchmarks.torchft_groups import ENV, REPO, Lighthouse, metric as column
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", type=Path, default=Path("outputs/benchmarks/diloco_backends"), help="run folders go here")
+    parser.add_argument(
+        "--out", type=Path, default=Path("outputs/benchmarks/diloco_backends"), help="run folders go here"
+    )
     parser.add_argument("--steps", type=int, default=120, help="global steps per run")
     parser.add_argument("--sync-every", type=int, default=10, help="H")
     parser.add_argument("--model", default="nano", help="a conf/model/ name")
@@ -39,15 +41,29 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def common(args: argparse.Namespace, folder: Path) -> list[str]:
-    return [sys.executable, str(REPO / "train.py"), f"hydra.run.dir={folder}", f"model={args.model}", "+technique=diloco",
-            "technique.diloco.replicas=2", f"technique.diloco.sync_every={args.sync_every}", "batch.global_batch_size=16",
-            f"trainer.max_steps={args.steps}", "logger=csv", "callbacks.validation_schedule.every_n_steps=100000",
-            f"callbacks.model_checkpoint.every_n_train_steps={args.sync_every * 2}"]  # fmt: skip
+    return [
+        sys.executable,
+        str(REPO / "train.py"),
+        f"hydra.run.dir={folder}",
+        f"model={args.model}",
+        "+technique=diloco",
+        "technique.diloco.replicas=2",
+        f"technique.diloco.sync_every={args.sync_every}",
+        "batch.global_batch_size=16",
+        f"trainer.max_steps={args.steps}",
+        "logger=csv",
+        "callbacks.validation_schedule.every_n_steps=100000",
+        f"callbacks.model_checkpoint.every_n_train_steps={args.sync_every * 2}",
+    ]
 
 
 def torchft_group(args: argparse.Namespace, folder: Path, lighthouse: str, group: int) -> subprocess.Popen:
-    command = [*common(args, folder), "technique.diloco.backend=torchft", f"technique.diloco.torchft.lighthouse={lighthouse}",
-               f"technique.diloco.torchft.group={group}"]  # fmt: skip
+    command = [
+        *common(args, folder),
+        "technique.diloco.backend=torchft",
+        f"technique.diloco.torchft.lighthouse={lighthouse}",
+        f"technique.diloco.torchft.group={group}",
+    ]
     folder.parent.mkdir(parents=True, exist_ok=True)
     return subprocess.Popen(command, cwd=REPO, env=ENV, stdout=open(f"{folder}.log", "w"), stderr=subprocess.STDOUT)
 
@@ -60,8 +76,13 @@ def wait(processes: list[subprocess.Popen]) -> None:
 
 def run_torch(args: argparse.Namespace) -> Path:
     folder = args.out / "torch"
-    command = [*common(args, folder), "strategy=fsdp2", "strategy.save_distributed_checkpoint=false", "trainer.accelerator=cpu",
-               "trainer.devices=2"]  # fmt: skip
+    command = [
+        *common(args, folder),
+        "strategy=fsdp2",
+        "strategy.save_distributed_checkpoint=false",
+        "trainer.accelerator=cpu",
+        "trainer.devices=2",
+    ]
     args.out.mkdir(parents=True, exist_ok=True)
     wait([subprocess.Popen(command, cwd=REPO, env=ENV, stdout=open(f"{folder}.log", "w"), stderr=subprocess.STDOUT)])
     return folder
@@ -101,17 +122,23 @@ def main(argv: list[str] | None = None) -> int:
         ft_run, _ = run_torchft(args, lighthouse.address, "torchft", None)
         rejoined, restart_wall = run_torchft(args, lighthouse.address, "torchft_rejoin", kill_at=args.steps // 3)
     base = statistics.median(column(torch_run, "diloco/sync_seconds"))
-    print("| run | median sync (s) | vs torch | bytes per sync | rejoin quorum (s) | restart to rejoined (s) | final val/loss |")
+    print(
+        "| run | median sync (s) | vs torch | bytes per sync | rejoin quorum (s) | restart to rejoined (s) | final val/loss |"
+    )
     print("|---|---|---|---|---|---|---|")
     for name, folder in (("torch (1 job, 2 processes)", torch_run), ("torchft (2 jobs)", ft_run)):
         sync = statistics.median(column(folder, "diloco/sync_seconds"))
-        print(f"| {name} | {sync:.4f} | {sync / base:.2f}x | {column(folder, 'diloco/bytes_per_sync')[0]:,.0f} | - | -"
-              f" | {column(folder, 'val/loss')[-1]:.4f} |")  # fmt: skip
+        print(
+            f"| {name} | {sync:.4f} | {sync / base:.2f}x | {column(folder, 'diloco/bytes_per_sync')[0]:,.0f} | - | -"
+            f" | {column(folder, 'val/loss')[-1]:.4f} |"
+        )
     rejoin = column(rejoined, "diloco/rejoin_seconds")
     sync = statistics.median(column(rejoined, "diloco/sync_seconds"))
-    print(f"| torchft, group 1 killed at step {args.steps // 3} and restarted | {sync:.4f} | {sync / base:.2f}x"
-          f" | {column(rejoined, 'diloco/bytes_per_sync')[-1]:,.0f} | {rejoin[0]:.2f} | {restart_wall:.1f}"
-          f" | {column(rejoined, 'val/loss')[-1]:.4f} |")
+    print(
+        f"| torchft, group 1 killed at step {args.steps // 3} and restarted | {sync:.4f} | {sync / base:.2f}x"
+        f" | {column(rejoined, 'diloco/bytes_per_sync')[-1]:,.0f} | {rejoin[0]:.2f} | {restart_wall:.1f}"
+        f" | {column(rejoined, 'val/loss')[-1]:.4f} |"
+    )
     return 0
 
 

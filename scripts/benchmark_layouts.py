@@ -85,7 +85,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--warmup", type=int, default=2, help="first steps left out of the measurement")
     parser.add_argument("--global-batch", type=int, default=16, help="sequences per optimizer step (fixed)")
     parser.add_argument("--peak-flops", type=float, default=None, help="peak FLOP/s per device (CPU / unlisted GPUs)")
-    parser.add_argument("--csv", type=Path, default=Path("outputs/layout_benchmark.csv"), help="where to write the table")
+    parser.add_argument(
+        "--csv", type=Path, default=Path("outputs/layout_benchmark.csv"), help="where to write the table"
+    )
     parser.add_argument("overrides", nargs="*", help="train.py overrides shared by every layout (after --)")
     return parser.parse_args(argv)
 

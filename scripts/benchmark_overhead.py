@@ -34,8 +34,10 @@ def main(argv: list[str] | None = None) -> None:
     for repeat in range(args.repeats):
         framework.append(framework_run(settings).tokens_per_sec)
         plain.append(plain_tokens_per_sec(settings, args.steps, args.warmup))
-        print(f"repeat {repeat + 1}: framework {framework[-1]:,.0f} tokens/s, plain {plain[-1]:,.0f} tokens/s",
-              file=sys.stderr)  # fmt: skip
+        print(
+            f"repeat {repeat + 1}: framework {framework[-1]:,.0f} tokens/s, plain {plain[-1]:,.0f} tokens/s",
+            file=sys.stderr,
+        )
     median_framework, median_plain = statistics.median(framework), statistics.median(plain)
     print("\n| loop | tokens/s (median) | runs |\n|---|---|---|")
     print(f"| plain PyTorch | {median_plain:,.0f} | {', '.join(f'{x:,.0f}' for x in plain)} |")

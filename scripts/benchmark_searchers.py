@@ -39,7 +39,9 @@ EXTRA = 16
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seeds", type=int, default=10, help="searcher seeds per surface (each with its own noise)")
-    parser.add_argument("--searchers", default=",".join(SEARCHERS), help="comma-separated, from " + ", ".join(SEARCHERS))
+    parser.add_argument(
+        "--searchers", default=",".join(SEARCHERS), help="comma-separated, from " + ", ".join(SEARCHERS)
+    )
     parser.add_argument("--surfaces", help="comma-separated surface names to run (default: all)")
     parser.add_argument("--anchor-optimum", action="store_true", help="add each surface's grid optimum to the anchors")
     parser.add_argument("--out", type=Path, help="also write the table (markdown) here")
@@ -64,12 +66,25 @@ def measure(searcher: str, seeds: int, names: list[str] | None = None, anchor_op
                 continue
             surface = with_optimum_anchor(surface) if anchor_optimum else surface
             budget = surface.search.budget
-            extended = replace(surface, search=replace(surface.search, budget=None if searcher == "coordinate" else budget + EXTRA))
+            extended = replace(
+                surface, search=replace(surface.search, budget=None if searcher == "coordinate" else budget + EXTRA)
+            )
             optimum, trace = extended.optimum(), run_search(extended, noise_seed=1000 + seed)
             spent = budget if searcher != "coordinate" else trace.rounds[-1][0]
             picked = finished_at(surface, trace, spent, noise_seed=1000 + seed)
-            row = rows.setdefault(surface.name, {"budget": budget, "finalists": surface.search.finalists, "runs": [], "observed": [],
-                                                 "regret": [], "passed_before": 0, "passed": 0, "worse": 0})  # fmt: skip
+            row = rows.setdefault(
+                surface.name,
+                {
+                    "budget": budget,
+                    "finalists": surface.search.finalists,
+                    "runs": [],
+                    "observed": [],
+                    "regret": [],
+                    "passed_before": 0,
+                    "passed": 0,
+                    "worse": 0,
+                },
+            )
             row["runs"].append(trace.runs_to_reach(optimum + TOLERANCE))
             row["observed"].append(trace.winner_at(spent) - optimum)
             row["regret"].append(surface.true_loss(picked.winner) - optimum)
@@ -80,15 +95,21 @@ def measure(searcher: str, seeds: int, names: list[str] | None = None, anchor_op
             lowest = min((p for p in picked.own), key=lambda p: picked.results[p])
             if surface.true_loss(lowest) >= anchor_best + WORSE:
                 row["passed_before"] += all(picked.results[a] >= picked.results[lowest] for a in surface.search.anchors)
-            print(f"{searcher} seed {seed} {surface.name}: reached after {row['runs'][-1]} runs, regret {row['regret'][-1]:.4f}"
-                  f" (lowest observation {row['observed'][-1]:.4f})", flush=True)  # fmt: skip
+            print(
+                f"{searcher} seed {seed} {surface.name}: reached after {row['runs'][-1]} runs, regret {row['regret'][-1]:.4f}"
+                f" (lowest observation {row['observed'][-1]:.4f})",
+                flush=True,
+            )
     return rows
 
 
 def table(found: dict[str, dict[str, dict]], anchor_optimum: bool = False) -> str:
     extra = " passed while 0.02 worse (before, today) |" if anchor_optimum else ""
-    lines = [f"| surface | searcher | budget | reached within budget | runs to reach (median, worst) | regret, lowest observation (median, worst)"
-             f" | regret, winner (median, worst) |{extra}", "|---|---|---|---|---|---|---|" + ("---|" if anchor_optimum else "")]  # fmt: skip
+    lines = [
+        f"| surface | searcher | budget | reached within budget | runs to reach (median, worst) | regret, lowest observation (median, worst)"
+        f" | regret, winner (median, worst) |{extra}",
+        "|---|---|---|---|---|---|---|" + ("---|" if anchor_optimum else ""),
+    ]
     for name in next(iter(found.values())):
         for searcher, rows in found.items():
             row = rows[name]
@@ -104,14 +125,18 @@ def table(found: dict[str, dict[str, dict]], anchor_optimum: bool = False) -> st
             observed = f"{statistics.median(row['observed']):.4f}, {max(row['observed']):.4f}"
             regret = f"{statistics.median(row['regret']):.4f}, {max(row['regret']):.4f}"
             checks = f" {row['passed_before']}, {row['passed']} of {row['worse']} |" if anchor_optimum else ""
-            lines.append(f"| {name} | {searcher} | {spent} | {within}/{len(row['runs'])} | {reach} | {observed} | {regret} |{checks}")
+            lines.append(
+                f"| {name} | {searcher} | {spent} | {within}/{len(row['runs'])} | {reach} | {observed} | {regret} |{checks}"
+            )
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     names = args.surfaces.split(",") if args.surfaces else None
-    found = {searcher: measure(searcher, args.seeds, names, args.anchor_optimum) for searcher in args.searchers.split(",")}
+    found = {
+        searcher: measure(searcher, args.seeds, names, args.anchor_optimum) for searcher in args.searchers.split(",")
+    }
     text = f"Noise {NOISE} nats per run, tolerance {TOLERANCE} nats, {args.seeds} searcher seeds.\n\n{table(found, args.anchor_optimum)}\n"
     print(text)
     if args.out:

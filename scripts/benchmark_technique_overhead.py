@@ -22,7 +22,11 @@ import sys
 
 from benchmarks.loops import benchmark_settings, framework_run
 
-NEVER_GROWS = ["technique.adaptive_batch.eta=1e6", "technique.adaptive_batch.theta=1e6", "technique.adaptive_batch.nu=1e6"]
+NEVER_GROWS = [
+    "technique.adaptive_batch.eta=1e6",
+    "technique.adaptive_batch.theta=1e6",
+    "technique.adaptive_batch.nu=1e6",
+]
 
 
 def pairs(batch: int, micro: int) -> dict[str, tuple[list[str], list[str], str]]:
@@ -38,8 +42,12 @@ def pairs(batch: int, micro: int) -> dict[str, tuple[list[str], list[str], str]]
             f"{samples} gradient copies",
         ),
         "simulated DiLoCo M=2": (
-            ["+technique=diloco", f"batch.global_batch_size={2 * batch}", f"batch.micro_batch_size={micro}",
-             "technique.diloco.sync_every=30"],  # fmt: skip
+            [
+                "+technique=diloco",
+                f"batch.global_batch_size={2 * batch}",
+                f"batch.micro_batch_size={micro}",
+                "technique.diloco.sync_every=30",
+            ],
             ["+experiment=constant_bs", f"batch.global_batch_size={batch}", f"batch.micro_batch_size={micro}"],
             "anchor + momentum + 1 weight copy + 1 AdamW state (5 fp32 copies)",
         ),
@@ -67,8 +75,10 @@ def main(argv: list[str] | None = None) -> None:
             for side, overrides in (("technique", technique), ("baseline", baseline)):
                 settings = benchmark_settings(overrides + args.overrides, args.steps, args.warmup)
                 rates[side].append(framework_run(settings).tokens_per_sec)
-            print(f"{name}, repeat {repeat + 1}: {rates['technique'][-1]:,.0f} vs {rates['baseline'][-1]:,.0f} tokens/s",
-                  file=sys.stderr)  # fmt: skip
+            print(
+                f"{name}, repeat {repeat + 1}: {rates['technique'][-1]:,.0f} vs {rates['baseline'][-1]:,.0f} tokens/s",
+                file=sys.stderr,
+            )
         with_it, without = statistics.median(rates["technique"]), statistics.median(rates["baseline"])
         rows.append((name, without, with_it, with_it / without, memory))
 

@@ -75,8 +75,12 @@ def tokenizer_file(out: Path) -> Path:
 
 def measure(kind: str, path: Path, tokenizer: Path, cache: Path) -> dict:
     """One measurement in a fresh process: {"tokens", "seconds", "peak_rss_mb"}."""
-    child = subprocess.run([sys.executable, __file__, "--child", kind, str(path), str(tokenizer), str(cache)],
-                           capture_output=True, text=True, cwd=REPO)  # fmt: skip
+    child = subprocess.run(
+        [sys.executable, __file__, "--child", kind, str(path), str(tokenizer), str(cache)],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+    )
     if child.returncode != 0:
         raise SystemExit(f"{kind} on {path.name} failed:\n{child.stderr[-3000:]}")
     return json.loads(child.stdout.strip().splitlines()[-1])
@@ -109,9 +113,17 @@ def child(kind: str, path: Path, tokenizer_path: Path, cache: Path) -> None:
         from data.datamodule import TextDataModule
 
         shutil.rmtree(cache, ignore_errors=True)
-        data = TextDataModule(source=_source(path), tokenizer={"kind": "file", "path": str(tokenizer_path)},
-                              seq_len=256, micro_batch_size=1, val_fraction=0.005, val_max_rows=None,
-                              shuffle=True, seed=0, cache_dir=str(cache))  # fmt: skip
+        data = TextDataModule(
+            source=_source(path),
+            tokenizer={"kind": "file", "path": str(tokenizer_path)},
+            seq_len=256,
+            micro_batch_size=1,
+            val_fraction=0.005,
+            val_max_rows=None,
+            shuffle=True,
+            seed=0,
+            cache_dir=str(cache),
+        )
         data.tokenizer  # loaded before the clock starts, as in the baseline
         start = time.perf_counter()
         data.prepare_data()
@@ -128,7 +140,9 @@ def _source(path: Path) -> dict:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--sizes-mb", type=int, nargs="+", default=[100, 1000], help="corpus sizes (MB); formats at the first")
+    parser.add_argument(
+        "--sizes-mb", type=int, nargs="+", default=[100, 1000], help="corpus sizes (MB); formats at the first"
+    )
     parser.add_argument("--child", nargs=4, help=argparse.SUPPRESS)
     return parser.parse_args(argv)
 
@@ -141,7 +155,9 @@ def main() -> None:
     out = REPO / "outputs" / "benchmark_tokenization"
     out.mkdir(parents=True, exist_ok=True)
     tokenizer = tokenizer_file(out)
-    print(f"| format ({args.sizes_mb[0]} MB) | tokens | tokenizers batch-encode (tokens/s) | our build (tokens/s) | ratio |")
+    print(
+        f"| format ({args.sizes_mb[0]} MB) | tokens | tokenizers batch-encode (tokens/s) | our build (tokens/s) | ratio |"
+    )
     print("|---|---|---|---|---|")
     for fmt in FORMATS:
         path = corpus(out, args.sizes_mb[0], fmt)
@@ -149,15 +165,21 @@ def main() -> None:
         ours = measure("build", path, tokenizer, out / "cache")
         assert ours["tokens"] == base["tokens"], (ours, base)
         rate_base, rate_ours = base["tokens"] / base["seconds"], ours["tokens"] / ours["seconds"]
-        print(f"| .{fmt} | {ours['tokens']:,} | {rate_base:,.0f} | {rate_ours:,.0f} | {rate_ours / rate_base:.2f} |", flush=True)
+        print(
+            f"| .{fmt} | {ours['tokens']:,} | {rate_base:,.0f} | {rate_ours:,.0f} | {rate_ours / rate_base:.2f} |",
+            flush=True,
+        )
     print("\n| corpus (.txt) | tokens | build seconds | build peak RSS (MB) | RSS / first size's |")
     print("|---|---|---|---|---|")
     first = None
     for size in args.sizes_mb:
         build = measure("build", corpus(out, size, "txt"), tokenizer, out / "cache")
         first = first or build["peak_rss_mb"]
-        print(f"| {size:,} MB | {build['tokens']:,} | {build['seconds']:.1f} | {build['peak_rss_mb']:,.0f} | "
-              f"{build['peak_rss_mb'] / first:.2f} |", flush=True)  # fmt: skip
+        print(
+            f"| {size:,} MB | {build['tokens']:,} | {build['seconds']:.1f} | {build['peak_rss_mb']:,.0f} | "
+            f"{build['peak_rss_mb'] / first:.2f} |",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

@@ -60,23 +60,44 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--dir", type=Path, default=Path("outputs/studies/critical_batch"), help="the study's folder")
     parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3], help="one base run per seed")
-    parser.add_argument("--steps", type=int, nargs="+", default=[25, 50, 100, 200],
-                        help="branch points: base-run steps with a checkpoint (multiples of 25)")  # fmt: skip
-    parser.add_argument("--batches", type=int, nargs="+", default=[4, 8, 16, 32, 64, 128, 256],
-                        help="branch batch sizes; the smallest is the reference")  # fmt: skip
+    parser.add_argument(
+        "--steps",
+        type=int,
+        nargs="+",
+        default=[25, 50, 100, 200],
+        help="branch points: base-run steps with a checkpoint (multiples of 25)",
+    )
+    parser.add_argument(
+        "--batches",
+        type=int,
+        nargs="+",
+        default=[4, 8, 16, 32, 64, 128, 256],
+        help="branch batch sizes; the smallest is the reference",
+    )
     parser.add_argument("--window", type=int, default=262_144, help="tokens each branch trains for")
-    parser.add_argument("--tolerance", type=float, default=0.01, help="loss tolerance (nats) against the smallest batch")
-    parser.add_argument("--compare", type=Path, nargs="+", metavar="DIR",
-                        help="measure nothing: the critical batch of several finished studies (a ladder's sizes) against tokens and size")  # fmt: skip
-    parser.add_argument("--out", type=Path, help="with --compare: folder for critical_batch_by_size.png (default: FIRST_DIR/report)")
+    parser.add_argument(
+        "--tolerance", type=float, default=0.01, help="loss tolerance (nats) against the smallest batch"
+    )
+    parser.add_argument(
+        "--compare",
+        type=Path,
+        nargs="+",
+        metavar="DIR",
+        help="measure nothing: the critical batch of several finished studies (a ladder's sizes) against tokens and size",
+    )
+    parser.add_argument(
+        "--out", type=Path, help="with --compare: folder for critical_batch_by_size.png (default: FIRST_DIR/report)"
+    )
     parser.add_argument("overrides", nargs="*", help="train.py overrides for the base runs and the branches")
     args = parser.parse_args(argv)
     if args.window <= 0 or args.tolerance < 0 or min(args.batches) <= 0 or min(args.steps) <= 0:
         raise ConfigError("--window and the --batches and --steps must be > 0 and --tolerance >= 0.")
     for override in args.overrides:
         if override_key(override) in SET_HERE:
-            raise ConfigError(f"{override}: the script sets {', '.join(SET_HERE)} itself; use --seeds, --steps,"
-                              " --batches and --window, or change the base run in conf/sweep/critical_batch.yaml.")  # fmt: skip
+            raise ConfigError(
+                f"{override}: the script sets {', '.join(SET_HERE)} itself; use --seeds, --steps,"
+                " --batches and --window, or change the base run in conf/sweep/critical_batch.yaml."
+            )
     return args
 
 
@@ -91,7 +112,9 @@ def base_runs(folder: Path, seeds: list[int]) -> dict[int, tuple[BaseRun, object
     runs = {run.seed: run for run in find_runs([folder])}
     missing = sorted(set(seeds) - set(runs))
     if missing:
-        raise UserError(f"{folder} has no finished base run for seeds {missing}; run this command again to finish them.")
+        raise UserError(
+            f"{folder} has no finished base run for seeds {missing}; run this command again to finish them."
+        )
     return {seed: (BaseRun.of(runs[seed]), runs[seed]) for seed in seeds}
 
 
@@ -99,7 +122,11 @@ def write_branch_preset(path: Path, arms: dict[str, list[str]]) -> None:
     """The branches as a study preset: every arm continues a base checkpoint at one batch size."""
     preset = {
         # The base runs' recipe, as in conf/sweep/critical_batch.yaml (their optimizer, model and data).
-        "defaults": [{"/experiment": "adamw_recipe"}, {"override /hydra/sweeper": "study"}, {"override /logger": "csv"}],
+        "defaults": [
+            {"/experiment": "adamw_recipe"},
+            {"override /hydra/sweeper": "study"},
+            {"override /logger": "csv"},
+        ],
         "experiment_name": "study_critical_batch_branches",
         "batch": {"micro_batch_size": None},
         "lr_schedule": {"name": "constant", "warmup_steps": 20},
@@ -117,13 +144,28 @@ def write_branch_preset(path: Path, arms: dict[str, list[str]]) -> None:
 def measure(args: argparse.Namespace) -> None:
     folder = args.dir.resolve()
     seeds = ",".join(map(str, args.seeds))
-    train(["-m", "+sweep=critical_batch", f"hydra.sweep.dir={folder / 'base'}", f"study.seeds=[{seeds}]",
-           f"trainer.max_steps={max(args.steps)}", *args.overrides])  # fmt: skip
+    train(
+        [
+            "-m",
+            "+sweep=critical_batch",
+            f"hydra.sweep.dir={folder / 'base'}",
+            f"study.seeds=[{seeds}]",
+            f"trainer.max_steps={max(args.steps)}",
+            *args.overrides,
+        ]
+    )
     bases = base_runs(folder / "base", args.seeds)
     arms = branch_arms([base for base, _ in bases.values()], sorted(args.steps), sorted(args.batches), args.window)
     write_branch_preset(folder / "conf" / "sweep" / f"{BRANCH_PRESET}.yaml", arms)
-    train(["-m", f"--config-dir={folder / 'conf'}", f"+sweep={BRANCH_PRESET}", f"hydra.sweep.dir={folder / 'branches'}",
-           *args.overrides])  # fmt: skip
+    train(
+        [
+            "-m",
+            f"--config-dir={folder / 'conf'}",
+            f"+sweep={BRANCH_PRESET}",
+            f"hydra.sweep.dir={folder / 'branches'}",
+            *args.overrides,
+        ]
+    )
     report(folder, bases, args.tolerance)
 
 
@@ -133,8 +175,10 @@ def report(folder: Path, bases: dict, tolerance: float) -> None:
     out.mkdir(exist_ok=True)
     eta = next(iter(bases.values()))[0].eta
     plot_points(points, eta, out / "critical_batch.png")
-    text = (f"## Each seed and branch point (val/loss after the window; in brackets: minus the smallest batch's)\n\n"
-            f"{points_table(points, tolerance)}\n\n## Over seeds\n\n{summary_table(points)}\n")  # fmt: skip
+    text = (
+        f"## Each seed and branch point (val/loss after the window; in brackets: minus the smallest batch's)\n\n"
+        f"{points_table(points, tolerance)}\n\n## Over seeds\n\n{summary_table(points)}\n"
+    )
     (out / "critical_batch.md").write_text(text)
     print(text, flush=True)
     print(f"wrote {out / 'critical_batch.md'} and {out / 'critical_batch.png'}", file=sys.stderr)
@@ -153,10 +197,12 @@ def compare(folders: list[Path], tolerance: float, out: Path | None = None) -> N
         by_size[n_params] = branch_points(bases, find_runs([folder / "branches"]), tolerance)
         print(f"## {folder} (N = {n_params:,})\n\n{summary_table(by_size[n_params])}\n")
     found = growth(by_size)
-    print(f"log B* against log tokens: exponent {found.tokens[0]:.3f} [{found.tokens[1]:.3f}, {found.tokens[2]:.3f}];"
-          f" against log N: {found.size[0]:.3f} [{found.size[1]:.3f}, {found.size[2]:.3f}]"
-          f" ({found.points} points, {found.censored} at the grid's top, {found.at_floor} at its floor, where B* is at most the"
-          f" smallest batch): the critical batch {found.verdict()}.")  # fmt: skip
+    print(
+        f"log B* against log tokens: exponent {found.tokens[0]:.3f} [{found.tokens[1]:.3f}, {found.tokens[2]:.3f}];"
+        f" against log N: {found.size[0]:.3f} [{found.size[1]:.3f}, {found.size[2]:.3f}]"
+        f" ({found.points} points, {found.censored} at the grid's top, {found.at_floor} at its floor, where B* is at most the"
+        f" smallest batch): the critical batch {found.verdict()}."
+    )
     out = out or folders[0] / "report"
     out.mkdir(parents=True, exist_ok=True)
     plot_by_size(by_size, out / "critical_batch_by_size.png")

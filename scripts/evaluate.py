@@ -57,8 +57,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--cloze-k", type=positive_int, default=DEFAULT_K, help=f"{TASK_NAME}: number of items")
     parser.add_argument("--cloze-seed", type=int, default=0, help=f"{TASK_NAME}: seed choosing the items")
     parser.add_argument("--cache-dir", type=Path, default=None, help="data cache folder (default: the run's)")
-    parser.add_argument("--allow-stale-weights", action="store_true",
-                        help="evaluate a checkpoint whose weights are not its run's final ones (a DiLoCo group that ended behind)")  # fmt: skip
+    parser.add_argument(
+        "--allow-stale-weights",
+        action="store_true",
+        help="evaluate a checkpoint whose weights are not its run's final ones (a DiLoCo group that ended behind)",
+    )
     return parser.parse_args(argv)
 
 

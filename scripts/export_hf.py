@@ -44,8 +44,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="context length advertised in config.json (default: the training seq_len, else "
         f"{DEFAULT_MAX_POSITION_EMBEDDINGS}; rotary embeddings themselves have no limit)",
     )
-    parser.add_argument("--allow-stale-weights", action="store_true",
-                        help="export a checkpoint whose weights are not its run's final ones (a DiLoCo group that ended behind)")  # fmt: skip
+    parser.add_argument(
+        "--allow-stale-weights",
+        action="store_true",
+        help="export a checkpoint whose weights are not its run's final ones (a DiLoCo group that ended behind)",
+    )
     return parser.parse_args(argv)
 
 
@@ -55,8 +58,11 @@ def export(args: argparse.Namespace) -> None:
     model = checkpoint_model(contents)
     tokenizer_ids = None
     if data_settings is None:
-        print(f"warning: {args.checkpoint} holds no data settings ({DATA_SETTINGS}), so no tokenizer is "
-              "written; add the tokenizer files to the folder yourself", file=sys.stderr)  # fmt: skip
+        print(
+            f"warning: {args.checkpoint} holds no data settings ({DATA_SETTINGS}), so no tokenizer is "
+            "written; add the tokenizer files to the folder yourself",
+            file=sys.stderr,
+        )
     else:
         tokenizer_ids = save_hf_tokenizer(data_settings, args.out_dir)
     trained_length = (data_settings or {}).get("seq_len", DEFAULT_MAX_POSITION_EMBEDDINGS)

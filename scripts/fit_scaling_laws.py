@@ -54,8 +54,10 @@ def gather(dirs: list[Path]) -> list[Result]:
 def print_results(results: list[Result]) -> None:
     print("| group | N | final val loss | inner LR | batch tokens |\n|---|---|---|---|---|")
     for r in best_per_setting(results):
-        print(f"| {r.group} | {r.n_params:,.0f} | {r.loss:.4f} | {f'{r.lr:.4g}' if r.lr is not None else '-'} |"
-              f" {f'{r.batch_tokens:,.0f}' if r.batch_tokens else '-'} |")  # fmt: skip
+        print(
+            f"| {r.group} | {r.n_params:,.0f} | {r.loss:.4f} | {f'{r.lr:.4g}' if r.lr is not None else '-'} |"
+            f" {f'{r.batch_tokens:,.0f}' if r.batch_tokens else '-'} |"
+        )
 
 
 def print_fits(fits: dict[str, PowerLaw]) -> None:
@@ -78,8 +80,10 @@ def print_paper_comparison(fits: dict[str, PowerLaw]) -> None:
             continue
         powers = " ".join(f"{variable}^{b}" for variable, b in zip(law.variables, published[1:], strict=True))
         differences = [f"{d:+.2%}" for d in relative_differences(law, published)]
-        print(f"| {name} | {law.describe(target)} | {target} = {published[0]} {powers} |"
-              f" {' | '.join(differences + ['-'] * (3 - len(differences)))} |")  # fmt: skip
+        print(
+            f"| {name} | {law.describe(target)} | {target} = {published[0]} {powers} |"
+            f" {' | '.join(differences + ['-'] * (3 - len(differences)))} |"
+        )
 
 
 def _versus(predicted: float, measured: float) -> str:

@@ -79,22 +79,31 @@ def do_predict(args: argparse.Namespace) -> None:
     target = args.predict or max(sizes, key=lambda name: parameter_count(sizes[name]))
     n_params = parameter_count(sizes.get(target) or preset(target))
     if (args.dirs[0] / PREDICTION).exists():
-        raise ConfigError(f"{args.dirs[0] / PREDICTION} exists: a prediction is recorded once, before its size is read; move it away to predict again.")
+        raise ConfigError(
+            f"{args.dirs[0] / PREDICTION} exists: a prediction is recorded once, before its size is read; move it away to predict again."
+        )
     predictions = write_prediction(args.dirs, target, n_params, args.sizes)
     for p in predictions:
-        print(f"{p.method} at {target} (N = {n_params:,}): {p.predicted:.4f}, fit [{p.low:.4f}, {p.high:.4f}], prediction"
-              f" interval [{p.interval_low:.4f}, {p.interval_high:.4f}], from {p.form} on {', '.join(p.fitted_on)}")  # fmt: skip
+        print(
+            f"{p.method} at {target} (N = {n_params:,}): {p.predicted:.4f}, fit [{p.low:.4f}, {p.high:.4f}], prediction"
+            f" interval [{p.interval_low:.4f}, {p.interval_high:.4f}], from {p.form} on {', '.join(p.fitted_on)}"
+        )
     print(f"wrote {args.dirs[0] / PREDICTION}", file=sys.stderr)
 
 
 def prediction_table(predictions: list[Prediction], measured: dict[tuple[str, str], list[float]]) -> str:
-    lines = ["| method | size | N | runs with | form | predicted (fit's 95% interval) | prediction interval |"
-             " measured (mean ± std over seeds) | relative error |", "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    lines = [
+        "| method | size | N | runs with | form | predicted (fit's 95% interval) | prediction interval |"
+        " measured (mean ± std over seeds) | relative error |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     for p in predictions:
         values = measured.get((p.method, p.model))
         interval = "not recorded" if p.interval_low is None else f"[{p.interval_low:.4f}, {p.interval_high:.4f}]"
-        row = (f"| {p.method} | {p.model} | {p.n_params:,} | {' '.join(p.settings) or 'its own search'} | {p.form}"
-               f" | {p.predicted:.4f} [{p.low:.4f}, {p.high:.4f}] | {interval}")
+        row = (
+            f"| {p.method} | {p.model} | {p.n_params:,} | {' '.join(p.settings) or 'its own search'} | {p.form}"
+            f" | {p.predicted:.4f} [{p.low:.4f}, {p.high:.4f}] | {interval}"
+        )
         if not values:
             lines.append(f"{row} | not run | - |")
             continue
@@ -124,9 +133,14 @@ def do_report(args: argparse.Namespace) -> None:
     recorded = args.dirs[0] / PREDICTION
     predictions = [Prediction(**entry) for entry in yaml.safe_load(recorded.read_text())] if recorded.is_file() else []
     measured = {(r.method, r.model): list(r.losses.values()) for r in found}
-    table = prediction_table(predictions, measured) if predictions else (
-        f"None recorded yet in {recorded}: a study with study.held_out writes it before that size trains;"
-        f" else `python scripts/ladder.py predict {args.dirs[0]}`.")  # fmt: skip
+    table = (
+        prediction_table(predictions, measured)
+        if predictions
+        else (
+            f"None recorded yet in {recorded}: a study with study.held_out writes it before that size trains;"
+            f" else `python scripts/ladder.py predict {args.dirs[0]}`."
+        )
+    )
     print(f"## Held-out prediction\n\n{table}\n\n## Fits on every size\n")
     for method, members in by_method(found).items():
         if len(members) >= 3:
@@ -158,15 +172,28 @@ def plot_loss(found, predictions: list[Prediction], path: Path) -> None:
         n = np.array([r.n_params for r in members], float)
         errors = [np.std(list(r.losses.values()), ddof=1) if len(r.losses) > 1 else 0 for r in members]
         (line,) = axis.plot([], [])
-        axis.errorbar(n, [r.loss for r in members], yerr=errors, fmt="o", color=line.get_color(), label=method, capsize=3)
+        axis.errorbar(
+            n, [r.loss for r in members], yerr=errors, fmt="o", color=line.get_color(), label=method, capsize=3
+        )
         if len(fitted) >= 3:
             grid = np.geomspace(n.min(), n.max(), 50)
             axis.plot(grid, fit_loss(fitted).predict(grid), "--", color=line.get_color())
         for p in held.values():
-            axis.errorbar([p.n_params], [p.predicted], yerr=[[p.predicted - p.low], [p.high - p.predicted]], fmt="x",
-                          color=line.get_color(), capsize=5, markersize=10)  # fmt: skip
-    axis.set(xscale="log", xlabel="parameters N", ylabel="final val/loss (nats/token)",
-             title="loss against model size: fits on the smaller sizes (dashed), held-out prediction (x)")  # fmt: skip
+            axis.errorbar(
+                [p.n_params],
+                [p.predicted],
+                yerr=[[p.predicted - p.low], [p.high - p.predicted]],
+                fmt="x",
+                color=line.get_color(),
+                capsize=5,
+                markersize=10,
+            )
+    axis.set(
+        xscale="log",
+        xlabel="parameters N",
+        ylabel="final val/loss (nats/token)",
+        title="loss against model size: fits on the smaller sizes (dashed), held-out prediction (x)",
+    )
     axis.legend(fontsize="small")
     figure.savefig(path, dpi=120, bbox_inches="tight")
     plt.close(figure)
@@ -180,14 +207,23 @@ def plot_gap(found, path: Path) -> None:
     for method, members in methods.items():
         if method == "dp":
             continue
-        points = [(r.n_params, r.losses[s] - baseline[r.model].losses[s]) for r in members if r.model in baseline
-                  for s in r.losses if s in baseline[r.model].losses]  # fmt: skip
+        points = [
+            (r.n_params, r.losses[s] - baseline[r.model].losses[s])
+            for r in members
+            if r.model in baseline
+            for s in r.losses
+            if s in baseline[r.model].losses
+        ]
         if points:
             xs, ys = zip(*points)
             axis.plot(xs, ys, "o", alpha=0.6, label=method)
     axis.axhline(0, color="black", linewidth=0.8)
-    axis.set(xscale="log", xlabel="parameters N", ylabel="loss - data parallelism's (nats/token)",
-             title="DiLoCo's excess loss over data parallelism, per size and seed")  # fmt: skip
+    axis.set(
+        xscale="log",
+        xlabel="parameters N",
+        ylabel="loss - data parallelism's (nats/token)",
+        title="DiLoCo's excess loss over data parallelism, per size and seed",
+    )
     axis.legend(fontsize="small")
     figure.savefig(path, dpi=120, bbox_inches="tight")
     plt.close(figure)

@@ -55,10 +55,17 @@ def read_settings(cfg: DictConfig, processes: int | None = None) -> RunSettings:
         data=DataSettings(spec=plain(cfg.data)),
         strategy=StrategySettings.from_spec(plain(cfg.strategy)),
         trainer=TrainerSettings.from_spec(plain(cfg.trainer)),
-        logger=LoggerSettings(specs=plain(cfg.get("logger")) or {}, identity=wandb_identity(cfg), tags=wandb_tags(cfg),
-                              hyperparameters=_hyperparameters(cfg)),  # fmt: skip
-        callbacks=CallbackSettings(specs=plain(cfg.get("callbacks")) or {}, evaluation=_instantiable(cfg, "evaluation"),
-                                   samples=_instantiable(cfg, "samples")),  # fmt: skip
+        logger=LoggerSettings(
+            specs=plain(cfg.get("logger")) or {},
+            identity=wandb_identity(cfg),
+            tags=wandb_tags(cfg),
+            hyperparameters=_hyperparameters(cfg),
+        ),
+        callbacks=CallbackSettings(
+            specs=plain(cfg.get("callbacks")) or {},
+            evaluation=_instantiable(cfg, "evaluation"),
+            samples=_instantiable(cfg, "samples"),
+        ),
         shared_settings=shared_settings(cfg),
     )
 
@@ -112,8 +119,13 @@ def _techniques(cfg: DictConfig) -> dict[str, TechniqueSettings]:
     for name, node in (cfg.get("technique") or {}).items():
         key = f"technique.{name}"
         target = node.get("_target_") if isinstance(node, DictConfig) else None
-        cls = class_named(target, f"{key}._target_", TechniqueSettings, "a TechniqueSettings class",
-                          "technique configs come from conf/technique/ (e.g. +technique=adaptive_batch)")  # fmt: skip
+        cls = class_named(
+            target,
+            f"{key}._target_",
+            TechniqueSettings,
+            "a TechniqueSettings class",
+            "technique configs come from conf/technique/ (e.g. +technique=adaptive_batch)",
+        )
         techniques[name] = settings_from_config(cls, plain(node), key)
     return techniques
 
@@ -122,8 +134,13 @@ def _optimizer(cfg: DictConfig) -> OptimizerSettings:
     """The ``optimizer`` node as the settings class its ``_target_`` names (``conf/optimizer/``)."""
     node = cfg.optimizer
     target = node.get("_target_") if isinstance(node, DictConfig) else None
-    cls = class_named(target, "optimizer._target_", OptimizerSettings, "a OptimizerSettings class",
-                      "choose one from conf/optimizer/ (e.g. optimizer=muon)")  # fmt: skip
+    cls = class_named(
+        target,
+        "optimizer._target_",
+        OptimizerSettings,
+        "a OptimizerSettings class",
+        "choose one from conf/optimizer/ (e.g. optimizer=muon)",
+    )
     return settings_from_config(cls, plain(node), "optimizer")
 
 

@@ -24,7 +24,9 @@ class JobSettings(Section):
 
     def check(self, run: RunContext) -> None:
         if self.token_budget is not None and self.token_budget <= 0:
-            raise ConfigError(f"token_budget={self.token_budget} must be > 0 (or null to train until trainer.max_steps).")
+            raise ConfigError(
+                f"token_budget={self.token_budget} must be > 0 (or null to train until trainer.max_steps)."
+            )
         if self.token_budget is None and run.max_steps < 0:
             raise ConfigError("set token_budget or trainer.max_steps: with neither, training would never stop.")
 

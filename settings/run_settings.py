@@ -54,8 +54,20 @@ class RunSettings:
     def sections(self) -> list[Section]:
         """Every section, in the order their checks run (a run with several mistakes reports
         the first): where training stops, the strategy and layout, then the rest."""
-        return [self.job, self.lr_schedule, self.strategy, self.layout, self.trainer, self.optimizer,
-                *self.techniques.values(), self.batch, self.data, self.logger, self.callbacks, self.model]  # fmt: skip
+        return [
+            self.job,
+            self.lr_schedule,
+            self.strategy,
+            self.layout,
+            self.trainer,
+            self.optimizer,
+            *self.techniques.values(),
+            self.batch,
+            self.data,
+            self.logger,
+            self.callbacks,
+            self.model,
+        ]
 
     def check(self) -> None:
         """The settings against each other (cheap; before anything is written)."""
@@ -81,8 +93,10 @@ class RunSettings:
         """The settings for the process count the Trainer found (``devices: auto``), checked again."""
         if processes == self.run.world_size:
             return self
-        return assemble(**{field.name: getattr(self, field.name) for field in dataclasses.fields(self) if field.name != "run"},
-                        processes=processes)  # fmt: skip
+        return assemble(
+            **{field.name: getattr(self, field.name) for field in dataclasses.fields(self) if field.name != "run"},
+            processes=processes,
+        )
 
     def resuming_from(self, checkpoint: str) -> "RunSettings":
         """The same run, started from ``checkpoint`` (a sweep job continuing an interrupted run)."""
@@ -115,7 +129,9 @@ def assemble(*, processes: int | None, **sections) -> RunSettings:
     )
     replicas = max([technique.sequential_replicas(run) for technique in techniques.values()], default=1)
     accumulation = max([technique.min_accumulation(run) for technique in techniques.values()], default=1)
-    groups = max([technique.data_groups() for technique in techniques.values()], key=lambda g: g.count, default=DataGroups())
+    groups = max(
+        [technique.data_groups() for technique in techniques.values()], key=lambda g: g.count, default=DataGroups()
+    )
     ranks = groups.data_parallel_size(run.world_size) if run.world_size else None
     micro = micro_batch_size_for(batch, ranks, replicas, accumulation) if ranks else None
     run = dataclasses.replace(run, sequential_replicas=replicas, data_groups=groups, micro_batch_size=micro)

@@ -26,9 +26,11 @@ class TrainerSettings(Section):
     @classmethod
     def from_spec(cls, spec: dict[str, Any]) -> "TrainerSettings":
         return cls(
-            spec=spec, accelerator=str(spec.get("accelerator", "auto")), precision=str(spec.get("precision")),
+            spec=spec,
+            accelerator=str(spec.get("accelerator", "auto")),
+            precision=str(spec.get("precision")),
             max_steps=coerce(spec.get("max_steps", -1), int, "trainer.max_steps"),
-        )  # fmt: skip
+        )
 
     def stated_processes(self) -> int | None:
         """Processes the run will use, when the config states it as numbers (not ``devices: auto``)."""

@@ -228,14 +228,20 @@ class Condition:
         if self.kind == "ratio" and t <= 0:
             raise ValueError(f"{path}: {self.name}={t:g} is a ratio and must be > 0")
         if self.test == "lower_than" and t > null:
-            raise ValueError(f"{path}: {self.name}={t:g} claims superiority, so it must be <= {null:g} (a margin below no"
-                             f" effect); to claim the arm is at most {t - null:g} worse, use {self.name.replace('lower_than', 'no_worse_than')}")  # fmt: skip
+            raise ValueError(
+                f"{path}: {self.name}={t:g} claims superiority, so it must be <= {null:g} (a margin below no"
+                f" effect); to claim the arm is at most {t - null:g} worse, use {self.name.replace('lower_than', 'no_worse_than')}"
+            )
         if self.test == "higher_than" and t < null:
-            raise ValueError(f"{path}: {self.name}={t:g} claims superiority, so it must be >= {null:g}; to claim the arm is at"
-                             f" most {null - t:g} lower, use {self.name.replace('higher_than', 'no_worse_than')} with better: higher")  # fmt: skip
+            raise ValueError(
+                f"{path}: {self.name}={t:g} claims superiority, so it must be >= {null:g}; to claim the arm is at"
+                f" most {null - t:g} lower, use {self.name.replace('higher_than', 'no_worse_than')} with better: higher"
+            )
         if self.test in ("no_worse_than", "within") and t <= null:
             example = "1.05" if self.kind == "ratio" else "0.01"
-            raise ValueError(f"{path}: {self.name}={t:g} is a margin and must be > {null:g}, e.g. {self.name}: {example}")
+            raise ValueError(
+                f"{path}: {self.name}={t:g} is a margin and must be > {null:g}, e.g. {self.name}: {example}"
+            )
 
 
 def verdict(estimate: Estimate, condition: Condition, alpha: float | None = None) -> str:

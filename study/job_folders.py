@@ -28,7 +28,11 @@ def job_folders(sweep_dir: Path, batch: list[list[str]]) -> list[int]:
     with open(sweep_dir / f"{REGISTRY}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         registry = sweep_dir / REGISTRY
-        given = {tuple(entry["overrides"]): int(entry["folder"]) for entry in (yaml.safe_load(registry.read_text()) or [])} if registry.is_file() else {}
+        given = (
+            {tuple(entry["overrides"]): int(entry["folder"]) for entry in (yaml.safe_load(registry.read_text()) or [])}
+            if registry.is_file()
+            else {}
+        )
         numbered = [int(folder.name) for folder in sweep_dir.iterdir() if folder.name.isdigit()]
         for number in sorted(numbered):
             overrides = recorded_overrides(sweep_dir / str(number))
@@ -40,7 +44,9 @@ def job_folders(sweep_dir: Path, batch: list[list[str]]) -> list[int]:
             if tuple(overrides) not in given:
                 given[tuple(overrides)], next_free = next_free, next_free + 1
             numbers.append(given[tuple(overrides)])
-        entries = [{"folder": number, "overrides": list(overrides)} for overrides, number in sorted(given.items(), key=lambda item: item[1])]
+        entries = [
+            {"folder": number, "overrides": list(overrides)}
+            for overrides, number in sorted(given.items(), key=lambda item: item[1])
+        ]
         registry.write_text(yaml.safe_dump(entries, sort_keys=False))
     return numbers
-

@@ -89,23 +89,37 @@ def _sampler(name: str, seed: int, startup: int):
     if name == "gp":
         return optuna.samplers.GPSampler(seed=seed, n_startup_trials=startup)
     if name == "tpe":
-        return optuna.samplers.TPESampler(seed=seed, n_startup_trials=startup, multivariate=True, group=True, constant_liar=True)
+        return optuna.samplers.TPESampler(
+            seed=seed, n_startup_trials=startup, multivariate=True, group=True, constant_liar=True
+        )
     return optuna.samplers.RandomSampler(seed=seed)
 
 
 def _distributions(space: SearchSpace) -> dict:
     from optuna.distributions import CategoricalDistribution, IntDistribution
 
-    return {f"x{axis}": CategoricalDistribution(tuple(d.span)) if isinstance(d, Choice) else IntDistribution(d.span.start, d.span.stop - 1)
-            for axis, d in enumerate(space.dimensions)}  # fmt: skip
+    return {
+        f"x{axis}": CategoricalDistribution(tuple(d.span))
+        if isinstance(d, Choice)
+        else IntDistribution(d.span.start, d.span.stop - 1)
+        for axis, d in enumerate(space.dimensions)
+    }
 
 
 def _params(point: Point) -> dict[str, int]:
     return {f"x{axis}": index for axis, index in enumerate(point)}
 
 
-def replay(space: SearchSpace, sampler: str, seed: int, budget: int, round_size: int, anchors: tuple[Point, ...],
-           results: dict[Point, float], record: "SearchRecord | None" = None) -> Replay:  # fmt: skip
+def replay(
+    space: SearchSpace,
+    sampler: str,
+    seed: int,
+    budget: int,
+    round_size: int,
+    anchors: tuple[Point, ...],
+    results: dict[Point, float],
+    record: "SearchRecord | None" = None,
+) -> Replay:
     """The search's rounds replayed over ``results`` (point -> mean loss over the tuning seeds);
     with a ``record`` (``study/search_record.py``) each round recorded there is taken as it
     was asked, and each round asked here is recorded (unless a worker recorded it first)."""
@@ -120,10 +134,23 @@ def replay(space: SearchSpace, sampler: str, seed: int, budget: int, round_size:
             recorded = record.round(k) if record is not None else None
             # The budget shapes a round only through its size: searches of other budgets share rounds.
             size = min(max(round_size, len(anchors) if state["spent"] == 0 else 0), budget - state["spent"])
-            key = (repr(space), sampler, seed, size, round_size, anchors, told_rounds, "no record" if record is None else recorded)
+            key = (
+                repr(space),
+                sampler,
+                seed,
+                size,
+                round_size,
+                anchors,
+                told_rounds,
+                "no record" if record is None else recorded,
+            )
             if key not in _ASKED:
                 fresh = copy.deepcopy(state)
-                _ASKED[key] = _force_round(fresh, space, recorded) if recorded is not None else _ask_round(fresh, space, budget, round_size, anchors)
+                _ASKED[key] = (
+                    _force_round(fresh, space, recorded)
+                    if recorded is not None
+                    else _ask_round(fresh, space, budget, round_size, anchors)
+                )
                 while len(_ASKED) > CACHED_ROUNDS:
                     _ASKED.popitem(last=False)
             asked = copy.deepcopy(_ASKED[key])
@@ -175,10 +202,20 @@ def _start(space: SearchSpace, sampler: str, seed: int, round_size: int) -> dict
     import optuna
 
     study = optuna.create_study(direction="minimize", sampler=_sampler(sampler, seed, round_size))
-    return {"study": study, "told": {}, "own": set(), "spent": 0, "draws": random.Random(seed), "batch": [], "entries": []}
+    return {
+        "study": study,
+        "told": {},
+        "own": set(),
+        "spent": 0,
+        "draws": random.Random(seed),
+        "batch": [],
+        "entries": [],
+    }
 
 
-def _ask_round(state: dict[str, Any], space: SearchSpace, budget: int, round_size: int, anchors: tuple[Point, ...]) -> dict[str, Any]:
+def _ask_round(
+    state: dict[str, Any], space: SearchSpace, budget: int, round_size: int, anchors: tuple[Point, ...]
+) -> dict[str, Any]:
     """The next round asked (the anchors first in the first round): ``state['batch']`` holds
     each point with its trial's number, ``state['entries']`` every point asked with its kind
     (what a record keeps)."""

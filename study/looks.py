@@ -51,7 +51,9 @@ def judge_in_looks(spec: StudySpec, bases: list[Groups], untuned: frozenset[str]
     """Replay the looks over each base job's groups (every judging seed they ran)."""
     claims = [(i, claim) for i, claim in enumerate(spec.claims) if not claim.trend]  # a trend is judged on every seed
     if spec.max_seeds is None:  # one look, every seed that ran
-        return Judgement([_judge_all(spec, groups, claims, untuned, None) for groups in bases], (len(spec.seeds),), None)
+        return Judgement(
+            [_judge_all(spec, groups, claims, untuned, None) for groups in bases], (len(spec.seeds),), None
+        )
     order = judging_order(spec)
     decided: list[dict[int, Verdict]] = [{} for _ in bases]
     sizes = [spec.looks[0]]
@@ -80,16 +82,28 @@ def _ran(groups: Groups, seeds: list[int]) -> bool:
     return all(set(seeds) <= set(spread.by_seed() or {}) for metrics in groups.values() for spread in metrics.values())
 
 
-def _judge_all(spec: StudySpec, groups: Groups, claims: list[tuple[int, Claim]], untuned: frozenset[str],
-               fractions: tuple[float, ...] | None) -> list[Verdict | None]:  # fmt: skip
+def _judge_all(
+    spec: StudySpec,
+    groups: Groups,
+    claims: list[tuple[int, Claim]],
+    untuned: frozenset[str],
+    fractions: tuple[float, ...] | None,
+) -> list[Verdict | None]:
     """Each listed claim's verdict at the last of these looks (None for the others)."""
     found: list[Verdict | None] = [None] * len(spec.claims)
     level = _level(fractions, spec.error_control)
     for i, claim in claims:
         verdict = judge_claim(claim, groups, untuned, level)
         if fractions is not None:
-            verdict = Verdict(claim, [*verdict.measured, f"look {len(fractions)} at {round(fractions[-1] * spec.max_seeds)} of at most"
-                                      f" {spec.max_seeds} seeds ({spec.error_control} spending)"], verdict.verdict)  # fmt: skip
+            verdict = Verdict(
+                claim,
+                [
+                    *verdict.measured,
+                    f"look {len(fractions)} at {round(fractions[-1] * spec.max_seeds)} of at most"
+                    f" {spec.max_seeds} seeds ({spec.error_control} spending)",
+                ],
+                verdict.verdict,
+            )
         found[i] = verdict
     return found
 

@@ -89,16 +89,29 @@ class StudyPlan:
     def next_round(self) -> list[TunedJob]:
         """The jobs to run next (those not finished yet); empty when the study is done."""
         tunings = {search: self.tuning(*search) for search in self.searches}
-        for phase in (self._tune_round, self._judge_round, self._held_out_round):  # each only once the one before is done
+        for phase in (
+            self._tune_round,
+            self._judge_round,
+            self._held_out_round,
+        ):  # each only once the one before is done
             if waiting := [job for job in phase(tunings) if job not in self.finished]:
                 return waiting
         return []
 
     def _tune_round(self, tunings: dict[tuple[int, str], Tuning]) -> list[TunedJob]:
         """The searchers' points on the tuning seeds, then the finalists and anchors on the finalist seeds."""
-        return [job for (base, arm), tuning in tunings.items() for job in (
-                *(TunedJob(base, arm, point, seed, TUNE) for point in tuning.pending for seed in self.spec.tuning_seeds),
-                *(TunedJob(base, arm, point, seed, TUNE) for point, seed in tuning.pending_reruns))]  # fmt: skip
+        return [
+            job
+            for (base, arm), tuning in tunings.items()
+            for job in (
+                *(
+                    TunedJob(base, arm, point, seed, TUNE)
+                    for point in tuning.pending
+                    for seed in self.spec.tuning_seeds
+                ),
+                *(TunedJob(base, arm, point, seed, TUNE) for point, seed in tuning.pending_reruns),
+            )
+        ]
 
     def judged(self, tunings: dict[tuple[int, str], Tuning]) -> list[tuple[int, str, Point]]:
         """The searches whose winner is judged: the tuned ones."""
@@ -112,7 +125,11 @@ class StudyPlan:
             return jobs
         bases = sorted({base for base, _, _ in judged})
         judgement = judge_in_looks(self.spec, [self._groups(base, judged) for base in bases])
-        return [TunedJob(base, arm, point, seed, JUDGE) for base, arm, point in judged for seed in judgement.next_seeds or []]
+        return [
+            TunedJob(base, arm, point, seed, JUDGE)
+            for base, arm, point in judged
+            for seed in judgement.next_seeds or []
+        ]
 
     def _groups(self, base: int, judged: list[tuple[int, str, Point]]) -> dict[str, dict[str, Spread]]:
         """A base job's judged arms: each metric's final values over the judging seeds that finished."""
@@ -120,10 +137,19 @@ class StudyPlan:
         for b, arm, point in judged:
             if b != base:
                 continue
-            runs = {job.seed: metrics for job, metrics in self.finished.items() if (job.base, job.arm, job.point, job.phase) == (b, arm, point, JUDGE)}
+            runs = {
+                job.seed: metrics
+                for job, metrics in self.finished.items()
+                if (job.base, job.arm, job.point, job.phase) == (b, arm, point, JUDGE)
+            }
             names = {m for values in runs.values() for m in values}
-            groups[arm] = {m: Spread(tuple(runs[s][m] for s in sorted(runs) if m in runs[s]), tuple(s for s in sorted(runs) if m in runs[s]))
-                           for m in names}  # fmt: skip
+            groups[arm] = {
+                m: Spread(
+                    tuple(runs[s][m] for s in sorted(runs) if m in runs[s]),
+                    tuple(s for s in sorted(runs) if m in runs[s]),
+                )
+                for m in names
+            }
         return groups
 
     def _held_out_round(self, tunings: dict[tuple[int, str], Tuning]) -> list[TunedJob]:

@@ -161,33 +161,47 @@ class StudySpec:
         node = dict(node or {})
         arms, seeds = node.get("arms"), node.get("seeds")
         if not isinstance(arms, dict) or not arms:
-            raise ConfigError("study.arms must map each arm's name to its list of overrides, e.g. {small: [batch.global_batch_size=16]}.")
+            raise ConfigError(
+                "study.arms must map each arm's name to its list of overrides, e.g. {small: [batch.global_batch_size=16]}."
+            )
         shared = parse_search(node.get("search"), "study.search")
         overrides, dimensions, extras = {}, {}, {}
         for name, entry in arms.items():
             overrides[name], own, extras[name] = _arm(name, entry)
             dimensions[name] = {**shared, **own}
         seeds, max_seeds, error_control, looks = _judging_seeds(seeds)
-        tuning_seeds = _seeds(node.get("tuning_seeds"), "study.tuning_seeds") if node.get("tuning_seeds") is not None else []
+        tuning_seeds = (
+            _seeds(node.get("tuning_seeds"), "study.tuning_seeds") if node.get("tuning_seeds") is not None else []
+        )
         searches = {}
         if any(dimensions.values()):
             searches = {name: _search(name, node, dimensions[name], overrides[name], extras[name]) for name in arms}
             if not tuning_seeds:
-                raise ConfigError("study.tuning_seeds is missing: a study with a search needs the seeds it tunes on, e.g. [1], apart from study.seeds.")
+                raise ConfigError(
+                    "study.tuning_seeds is missing: a study with a search needs the seeds it tunes on, e.g. [1], apart from study.seeds."
+                )
             repeated = sorted(set(tuning_seeds) & set(seeds))
             if repeated:
-                raise ConfigError(f"study.seeds repeats the tuning seeds {repeated}: winners are judged on other seeds; e.g. tuning_seeds [1], seeds [2, 3, 4].")
+                raise ConfigError(
+                    f"study.seeds repeats the tuning seeds {repeated}: winners are judged on other seeds; e.g. tuning_seeds [1], seeds [2, 3, 4]."
+                )
             finalist_seeds = {seed for search in searches.values() for seed in search.finalist_seeds}
             repeated = sorted(finalist_seeds & set(seeds + tuning_seeds))
             if repeated:
-                raise ConfigError(f"study.finalists.seeds repeats {repeated}, a tuning or judging seed: finalists run again on seeds of their own,"
-                                  " e.g. [21, 22].")  # fmt: skip
+                raise ConfigError(
+                    f"study.finalists.seeds repeats {repeated}, a tuning or judging seed: finalists run again on seeds of their own,"
+                    " e.g. [21, 22]."
+                )
         elif tuning_seeds:
-            raise ConfigError("study.tuning_seeds is set but nothing is searched: add study.search (or an arm's search), or drop tuning_seeds.")
+            raise ConfigError(
+                "study.tuning_seeds is set but nothing is searched: add study.search (or an arm's search), or drop tuning_seeds."
+            )
         else:
             _no_search_settings(node, extras)
             if max_seeds is not None:
-                raise ConfigError(f"study.seeds.max: only a tuned study adds judging seeds in rounds; give study.seeds as a list, e.g. {seeds}.")
+                raise ConfigError(
+                    f"study.seeds.max: only a tuned study adds judging seeds in rounds; give study.seeds as a list, e.g. {seeds}."
+                )
         claims = [_claim(index, entry, arms) for index, entry in enumerate(node.get("claims") or [])]
         columns = list(node.get("columns") or [])
         for column in columns:
@@ -196,41 +210,70 @@ class StudySpec:
             except ValueError as error:
                 raise ConfigError(f"study.columns: {error}.") from None
         per_parameter = node.get("tokens_per_parameter")
-        if per_parameter is not None and (isinstance(per_parameter, bool) or not isinstance(per_parameter, int | float) or per_parameter <= 0):
-            raise ConfigError(f"study.tokens_per_parameter={per_parameter!r} must be a number > 0 (or null: the config's token_budget).")
+        if per_parameter is not None and (
+            isinstance(per_parameter, bool) or not isinstance(per_parameter, int | float) or per_parameter <= 0
+        ):
+            raise ConfigError(
+                f"study.tokens_per_parameter={per_parameter!r} must be a number > 0 (or null: the config's token_budget)."
+            )
         held_out = _held_out(node.get("held_out"), {name: search.space for name, search in searches.items()})
         storage = node.get("storage")
         if storage is not None and (not isinstance(storage, str) or not storage or not searches):
-            raise ConfigError(f"study.storage={storage!r} must be a journal file path or a storage URL (sqlite:///study.db), in a study"
-                              " with a search; or null for the sweep folder's journal.")  # fmt: skip
-        return cls(arms=overrides, seeds=seeds, claims=claims, columns=columns, tuning_seeds=tuning_seeds, searches=searches,
-                   tokens_per_parameter=per_parameter, held_out=held_out, max_seeds=max_seeds,
-                   error_control=error_control, looks=looks, storage=storage)  # fmt: skip
+            raise ConfigError(
+                f"study.storage={storage!r} must be a journal file path or a storage URL (sqlite:///study.db), in a study"
+                " with a search; or null for the sweep folder's journal."
+            )
+        return cls(
+            arms=overrides,
+            seeds=seeds,
+            claims=claims,
+            columns=columns,
+            tuning_seeds=tuning_seeds,
+            searches=searches,
+            tokens_per_parameter=per_parameter,
+            held_out=held_out,
+            max_seeds=max_seeds,
+            error_control=error_control,
+            looks=looks,
+            storage=storage,
+        )
 
 
 #: Settings of an arm's search, given for the whole study or per arm (the arm's wins).
 SEARCH_SETTINGS = ("searcher", "budget", "round_size", "search_seed", "finalists")
 
 
-def _search(name: str, node: dict, dimensions: dict[str, Dimension], overrides: list[str], own: dict[str, Any]) -> Search:
+def _search(
+    name: str, node: dict, dimensions: dict[str, Dimension], overrides: list[str], own: dict[str, Any]
+) -> Search:
     """An arm's search from the study's settings and its own (``budget``, ``anchors``, ...)."""
     space = _space(name, dimensions, overrides)
     settings = {key: own[key] if key in own else node.get(key) for key in SEARCH_SETTINGS}
     where = {key: f"study.arms.{name}.{key}" if key in own else f"study.{key}" for key in SEARCH_SETTINGS}
     searcher = settings["searcher"] if settings["searcher"] is not None else DEFAULT_SEARCHER
     if searcher not in SEARCHERS:
-        raise ConfigError(f"{where['searcher']}={searcher!r} is not a searcher; use one of {', '.join(SEARCHERS)} (gp is the default).")
+        raise ConfigError(
+            f"{where['searcher']}={searcher!r} is not a searcher; use one of {', '.join(SEARCHERS)} (gp is the default)."
+        )
     anchors = parse_anchors(own.get("anchors"), space, f"study.arms.{name}.anchors") if space.dimensions else ()
     budget, round_size, seed = settings["budget"], settings["round_size"], settings["search_seed"]
     for key, value in (("budget", budget), ("round_size", round_size), ("search_seed", seed)):
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < (0 if key == "search_seed" else 1)):
-            raise ConfigError(f"{where[key]}={value!r} must be a whole number{' >= 0' if key == 'search_seed' else ' >= 1'}.")
+        if value is not None and (
+            isinstance(value, bool) or not isinstance(value, int) or value < (0 if key == "search_seed" else 1)
+        ):
+            raise ConfigError(
+                f"{where[key]}={value!r} must be a whole number{' >= 0' if key == 'search_seed' else ' >= 1'}."
+            )
     if space.dimensions and budget is None and searcher != "coordinate":
-        raise ConfigError(f"study.arms.{name}: the {searcher} searcher needs a budget of tuning points (study.budget or"
-                          f" study.arms.{name}.budget), e.g. budget: {max(8, len(anchors) + 4)}.")  # fmt: skip
+        raise ConfigError(
+            f"study.arms.{name}: the {searcher} searcher needs a budget of tuning points (study.budget or"
+            f" study.arms.{name}.budget), e.g. budget: {max(8, len(anchors) + 4)}."
+        )
     if space.dimensions and budget is not None and budget < len(anchors) + 1:
-        raise ConfigError(f"{where['budget']}={budget} leaves no point to search beside the arm's {len(anchors)} anchor(s);"
-                          f" give at least {len(anchors) + 1}.")  # fmt: skip
+        raise ConfigError(
+            f"{where['budget']}={budget} leaves no point to search beside the arm's {len(anchors)} anchor(s);"
+            f" give at least {len(anchors) + 1}."
+        )
     count, finalist_seeds = _finalists(settings["finalists"], where["finalists"])
     return Search(space, searcher, budget, round_size or DEFAULT_ROUND_SIZE, seed or 0, anchors, count, finalist_seeds)
 
@@ -241,7 +284,9 @@ def _finalists(node: Any, key: str) -> tuple[int, tuple[int, ...]]:
     if node is None:
         return 0, ()
     if not isinstance(node, dict) or set(node) != {"count", "seeds"}:
-        raise ConfigError(f"{key} must be {{count: N, seeds: [...]}}, e.g. {{count: 3, seeds: [21, 22]}}; got {node!r}.")
+        raise ConfigError(
+            f"{key} must be {{count: N, seeds: [...]}}, e.g. {{count: 3, seeds: [21, 22]}}; got {node!r}."
+        )
     count = node["count"]
     if isinstance(count, bool) or not isinstance(count, int) or count < 1:
         raise ConfigError(f"{key}.count={count!r} must be a whole number >= 1: the best points that run again.")
@@ -253,7 +298,9 @@ def _no_search_settings(node: dict, extras: dict[str, dict[str, Any]]) -> None:
     given = [f"study.{key}" for key in SEARCH_SETTINGS if node.get(key) is not None]
     given += [f"study.arms.{name}.{key}" for name, own in extras.items() for key in own]
     if given:
-        raise ConfigError(f"{', '.join(given)} set, but nothing is searched: add study.search (or an arm's search), or drop them.")
+        raise ConfigError(
+            f"{', '.join(given)} set, but nothing is searched: add study.search (or an arm's search), or drop them."
+        )
 
 
 def _judging_seeds(node: Any) -> tuple[list[int], int | None, str, tuple[int, ...]]:
@@ -268,16 +315,22 @@ def _judging_seeds(node: Any) -> tuple[list[int], int | None, str, tuple[int, ..
         raise ConfigError(f"study.seeds is a list of seeds or {{first: [2, 3, 4], max: 8}}; got {node!r}.")
     first, cap = _seeds(node["first"], "study.seeds.first"), node.get("max")
     if isinstance(cap, bool) or not isinstance(cap, int) or cap < len(first):
-        raise ConfigError(f"study.seeds.max={cap!r} must be a whole number of judging seeds, at least the {len(first)} of study.seeds.first.")
+        raise ConfigError(
+            f"study.seeds.max={cap!r} must be a whole number of judging seeds, at least the {len(first)} of study.seeds.first."
+        )
     spending = node.get("error_control", DEFAULT_SPENDING)
     if spending not in SPENDING:
-        raise ConfigError(f"study.seeds.error_control={spending!r} is not an error control; use one of {', '.join(SPENDING)}"
-                          f" (alpha spending over the looks; {DEFAULT_SPENDING} is the default).")  # fmt: skip
+        raise ConfigError(
+            f"study.seeds.error_control={spending!r} is not an error control; use one of {', '.join(SPENDING)}"
+            f" (alpha spending over the looks; {DEFAULT_SPENDING} is the default)."
+        )
     looks = node.get("looks", sorted({len(first), cap}))
     valid = isinstance(looks, list) and all(isinstance(n, int) and not isinstance(n, bool) for n in looks)
     if not valid or looks[0] != len(first) or looks[-1] != cap or any(b <= a for a, b in zip(looks, looks[1:])):
-        raise ConfigError(f"study.seeds.looks={looks!r} must be increasing seed counts from the {len(first)} first seeds to max"
-                          f" {cap}, e.g. [{len(first)}, {cap}]: the looks are planned, never sized from the data.")  # fmt: skip
+        raise ConfigError(
+            f"study.seeds.looks={looks!r} must be increasing seed counts from the {len(first)} first seeds to max"
+            f" {cap}, e.g. [{len(first)}, {cap}]: the looks are planned, never sized from the data."
+        )
     return first, cap, spending, tuple(looks)
 
 
@@ -289,15 +342,24 @@ def _held_out(name: Any, spaces: dict[str, SearchSpace]) -> str | None:
     if not isinstance(name, str) or not name:
         raise ConfigError(f"study.held_out={name!r} must name one of the ladder's model presets, e.g. ladder_2_1m.")
     if not spaces:
-        raise ConfigError("study.held_out needs a search (study.search): the held-out size's settings are fitted to the others' winners.")
+        raise ConfigError(
+            "study.held_out needs a search (study.search): the held-out size's settings are fitted to the others' winners."
+        )
     listed = sorted({d.key for space in spaces.values() for d in space.dimensions if not isinstance(d, Range)})
     if listed:
-        raise ConfigError(f"study.held_out: {', '.join(listed)} is searched over a list, which has no power law in N to extrapolate; search a range or drop held_out.")
+        raise ConfigError(
+            f"study.held_out: {', '.join(listed)} is searched over a list, which has no power law in N to extrapolate; search a range or drop held_out."
+        )
     return name
 
 
 def _seeds(seeds: Any, key: str) -> list[int]:
-    if not isinstance(seeds, list) or not seeds or not all(isinstance(s, int) for s in seeds) or len(set(seeds)) < len(seeds):
+    if (
+        not isinstance(seeds, list)
+        or not seeds
+        or not all(isinstance(s, int) for s in seeds)
+        or len(set(seeds)) < len(seeds)
+    ):
         raise ConfigError(f"{key} must be a list of distinct integers, got {seeds!r}.")
     return list(seeds)
 
@@ -313,7 +375,9 @@ def _arm(name: str, entry: Any) -> tuple[list[str], dict[str, Dimension], dict[s
     if isinstance(entry, dict):
         unknown = set(entry) - set(ARM_FIELDS)
         if unknown:
-            raise ConfigError(f"{key}: unknown fields {sorted(unknown)}; an arm is a list of overrides or a mapping of {', '.join(ARM_FIELDS)}.")
+            raise ConfigError(
+                f"{key}: unknown fields {sorted(unknown)}; an arm is a list of overrides or a mapping of {', '.join(ARM_FIELDS)}."
+            )
         search = parse_search(entry.get("search"), f"{key}.search")
         settings = {field: entry[field] for field in ("anchors", *SEARCH_SETTINGS) if entry.get(field) is not None}
         entry = entry.get("overrides") or []
@@ -342,11 +406,15 @@ def _expect(key: str, expect: Any, better: str, trend: str | None) -> dict[str, 
     parsed = {}
     for metric, conditions in expect.items():
         if not isinstance(conditions, dict) or not conditions:
-            raise ConfigError(f"{key}.expect.{metric} must map tests to thresholds, e.g. {{lower_than: 0}}; the tests are {', '.join(CONDITIONS)}.")
+            raise ConfigError(
+                f"{key}.expect.{metric} must map tests to thresholds, e.g. {{lower_than: 0}}; the tests are {', '.join(CONDITIONS)}."
+            )
         tests = []
         for name, threshold in conditions.items():
             if name in RETIRED:
-                raise ConfigError(f"{key}.expect.{metric}.{name} is ambiguous and retired: name the test, {RETIRED[name]}.")
+                raise ConfigError(
+                    f"{key}.expect.{metric}.{name} is ambiguous and retired: name the test, {RETIRED[name]}."
+                )
             if name not in CONDITIONS:
                 raise ConfigError(f"{key}.expect.{metric}.{name} is not a test; use one of {', '.join(CONDITIONS)}.")
             if isinstance(threshold, bool) or not isinstance(threshold, int | float):
@@ -365,29 +433,50 @@ def _expect(key: str, expect: Any, better: str, trend: str | None) -> dict[str, 
 
 def _claim(index: int, entry: Any, arms: dict[str, Any]) -> Claim:
     key = f"study.claims[{index}]"
-    if not isinstance(entry, dict) or "arm" not in entry or not ({"baseline", "expect"} <= set(entry) or "front" in entry):
+    if (
+        not isinstance(entry, dict)
+        or "arm" not in entry
+        or not ({"baseline", "expect"} <= set(entry) or "front" in entry)
+    ):
         raise ConfigError(
             f"{key} needs arm, and baseline with expect (metric: {{condition: value}}) or front (a list of arms), got {entry!r}."
         )
     text = entry.get("claim") or f"{entry['arm']} vs {entry.get('baseline') or 'the front'}"
     if "front" in entry:
-        claim = Claim(claim=text, arm=entry["arm"], front=list(entry["front"] or []), x=entry.get("x", "steps"),
-                      y=entry.get("y", "val/loss"))  # fmt: skip
+        claim = Claim(
+            claim=text,
+            arm=entry["arm"],
+            front=list(entry["front"] or []),
+            x=entry.get("x", "steps"),
+            y=entry.get("y", "val/loss"),
+        )
         if not claim.front or not isinstance(claim.arm, str):
             raise ConfigError(f"{key}: a front claim needs one arm and front, the list of arms that make the front.")
     else:
         trend = entry.get("trend")
-        if trend is not None and (trend not in TREND_AXES or not isinstance(entry["arm"], str) or not isinstance(entry["baseline"], str)):
+        if trend is not None and (
+            trend not in TREND_AXES or not isinstance(entry["arm"], str) or not isinstance(entry["baseline"], str)
+        ):
             raise ConfigError(f"{key}.trend={trend!r}: a trend claim takes one arm, one baseline and trend: params.")
         better = entry.get("better", "lower")
         if better not in BETTER:
-            raise ConfigError(f"{key}.better={better!r} must be lower or higher: which way is better on the claim's metrics.")
+            raise ConfigError(
+                f"{key}.better={better!r} must be lower or higher: which way is better on the claim's metrics."
+            )
         expect = _expect(key, entry["expect"], better, trend)
         margin = entry.get("margin")
         if margin is not None and (isinstance(margin, bool) or not isinstance(margin, int | float) or margin <= 0):
             raise ConfigError(f"{key}.margin={margin!r} must be a number > 0: the smallest effect the claim is about.")
-        claim = Claim(claim=text, arm=_one_or_list(entry["arm"]), baseline=_one_or_list(entry["baseline"]),
-                      expect=expect, select=entry.get("select", "val/loss"), trend=trend, margin=margin, better=better)  # fmt: skip
+        claim = Claim(
+            claim=text,
+            arm=_one_or_list(entry["arm"]),
+            baseline=_one_or_list(entry["baseline"]),
+            expect=expect,
+            select=entry.get("select", "val/loss"),
+            trend=trend,
+            margin=margin,
+            better=better,
+        )
     for arm in claim.arms:
         if arm not in arms:
             raise ConfigError(f"{key} names {arm!r}, which is not an arm; the arms are {sorted(arms)}.")

@@ -57,8 +57,10 @@ def open_storage(storage: str | None, sweep_dir: Path) -> Any:
         Path(where).parent.mkdir(parents=True, exist_ok=True)
         return JournalStorage(JournalFileBackend(where))
     except Exception as error:  # noqa: BLE001 - any failure to open is the user's setting
-        raise ConfigError(f"study.storage={where!r} cannot be opened ({type(error).__name__}: {error}); give a journal file path"
-                          " or a storage URL such as sqlite:///study.db, or null for the sweep folder's journal.") from None  # fmt: skip
+        raise ConfigError(
+            f"study.storage={where!r} cannot be opened ({type(error).__name__}: {error}); give a journal file path"
+            " or a storage URL such as sqlite:///study.db, or null for the sweep folder's journal."
+        ) from None
 
 
 def search_name(arm: str, base: list[str]) -> str:
@@ -68,8 +70,15 @@ def search_name(arm: str, base: list[str]) -> str:
 
 def fingerprint(search: "Search") -> str:
     """What a search's record must have been written with to be continued (the budget may grow)."""
-    return json.dumps({"space": repr(search.space), "searcher": search.searcher, "seed": search.seed, "round_size": search.round_size,
-                       "anchors": [list(a) for a in search.anchors]})  # fmt: skip
+    return json.dumps(
+        {
+            "space": repr(search.space),
+            "searcher": search.searcher,
+            "seed": search.seed,
+            "round_size": search.round_size,
+            "anchors": [list(a) for a in search.anchors],
+        }
+    )
 
 
 def written_by_another(storage: Any, name: str, print_: str) -> str | None:
@@ -85,8 +94,10 @@ def written_by_another(storage: Any, name: str, print_: str) -> str | None:
 def check_record(storage: Any, name: str, print_: str) -> None:
     """A record written by another study is refused in one line."""
     if (written := written_by_another(storage, name, print_)) is not None:
-        raise ConfigError(f"the study record's search {name!r} was written by another study ({written}); this study searches"
-                          f" {print_}: use a new hydra.sweep.dir (or study.storage), or restore the preset that wrote it.")  # fmt: skip
+        raise ConfigError(
+            f"the study record's search {name!r} was written by another study ({written}); this study searches"
+            f" {print_}: use a new hydra.sweep.dir (or study.storage), or restore the preset that wrote it."
+        )
 
 
 class SearchRecord:
@@ -113,7 +124,9 @@ class SearchRecord:
         found = sorted((t.user_attrs["position"], t) for t in self._trials() if t.user_attrs.get("round") == k)
         if not found:
             return None
-        return tuple((tuple(t.params[f"x{axis}"] for axis in range(len(t.params))), t.user_attrs["kind"]) for _, t in found)
+        return tuple(
+            (tuple(t.params[f"x{axis}"] for axis in range(len(t.params))), t.user_attrs["kind"]) for _, t in found
+        )
 
     @contextmanager
     def _locked(self) -> Iterator[None]:
@@ -136,8 +149,13 @@ class SearchRecord:
                 params = {f"x{axis}": index for axis, index in enumerate(point)}
                 attrs = {"round": k, "position": position, "kind": kind}
                 done = kind == REPEAT
-                trial = create_trial(params=params, distributions=distributions, user_attrs=attrs,
-                                     state=TrialState.COMPLETE if done else TrialState.RUNNING, value=told[point] if done else None)  # fmt: skip
+                trial = create_trial(
+                    params=params,
+                    distributions=distributions,
+                    user_attrs=attrs,
+                    state=TrialState.COMPLETE if done else TrialState.RUNNING,
+                    value=told[point] if done else None,
+                )
                 self.storage.create_new_trial(self.study_id, template_trial=trial)
         return entries
 

@@ -102,7 +102,9 @@ class Range:
     def at_hard_limit(self, index: int, direction: int) -> bool:
         """Whether a hard limit (not the extension guard) stops the grid at ``index`` in
         ``direction``: the next value is clamped onto this one."""
-        return self.value(index + direction) == self.value(index) and (self.min if direction < 0 else self.max) is not None
+        return (
+            self.value(index + direction) == self.value(index) and (self.min if direction < 0 else self.max) is not None
+        )
 
     @property
     def span(self) -> range:
@@ -112,7 +114,9 @@ class Range:
         ends = []
         for direction, start, limit in ((-1, grid.start, self.min), (1, grid.stop - 1, self.max)):
             index = start
-            while (nxt := self.neighbour(index, direction)) is not None and (limit is not None or abs(nxt - start) <= SEARCH_MARGIN):
+            while (nxt := self.neighbour(index, direction)) is not None and (
+                limit is not None or abs(nxt - start) <= SEARCH_MARGIN
+            ):
                 index = nxt
             ends.append(index)
         return range(ends[0], ends[1] + 1)
@@ -237,12 +241,16 @@ def _dimension(key: str, spec: Any, where: str) -> Dimension:
     if high < low:
         raise ConfigError(f"{where}: the range is inverted (low {low} > high {high}); swap them.")
     if (scale == "log" and (step <= 1 or low <= 0)) or (scale == "linear" and step <= 0):
-        raise ConfigError(f"{where}: a log grid needs low > 0 and step > 1, a linear one step > 0; got low {low}, step {step}.")
+        raise ConfigError(
+            f"{where}: a log grid needs low > 0 and step > 1, a linear one step > 0; got low {low}, step {step}."
+        )
     if lower is not None and upper is not None and upper < lower:
         raise ConfigError(f"{where}: the hard limits are inverted (min {lower} > max {upper}); swap them.")
     for name, value in (("low", low), ("high", high)):
         if (lower is not None and value < lower) or (upper is not None and value > upper):
-            raise ConfigError(f"{where}.{name}={value} lies outside the hard limits [{lower}, {upper}]; move it inside or widen the limits.")
+            raise ConfigError(
+                f"{where}.{name}={value} lies outside the hard limits [{lower}, {upper}]; move it inside or widen the limits."
+            )
     if scale == "log" and lower is not None and lower <= 0:
         raise ConfigError(f"{where}.min={lower} must be > 0 on a log grid.")
     return Range(key, low, high, scale, step, lower, upper)
@@ -257,7 +265,6 @@ def describe(dimension: Dimension) -> str:
     return f"{dimension.key} in [{values}] ({dimension.scale} x{dimension.step}{limits})"
 
 
-
 def parse_anchors(node: Any, space: SearchSpace, where: str) -> tuple[Point, ...]:
     """Check and convert an arm's ``anchors``: points named by their settings (a searched key
     to a grid value, or to one of a list's values), the space's centre where a key is not
@@ -265,7 +272,9 @@ def parse_anchors(node: Any, space: SearchSpace, where: str) -> tuple[Point, ...
     if node is None:
         return ()
     if not isinstance(node, list) or not all(isinstance(a, dict) and a for a in node):
-        raise ConfigError(f"{where} must be a list of points, each mapping searched keys to values, e.g. [{{optimizer.lr: 2e-3}}].")
+        raise ConfigError(
+            f"{where} must be a list of points, each mapping searched keys to values, e.g. [{{optimizer.lr: 2e-3}}]."
+        )
     return tuple(dict.fromkeys(_anchor(anchor, space, f"{where}[{i}]") for i, anchor in enumerate(node)))
 
 
@@ -273,7 +282,9 @@ def _anchor(settings: dict[str, Any], space: SearchSpace, where: str) -> Point:
     by_key = {d.key: d for d in space.dimensions}
     unknown = sorted(set(settings) - set(by_key))
     if unknown:
-        raise ConfigError(f"{where} names {unknown}, which the arm does not search (it searches {sorted(by_key)}): drop it or search it.")
+        raise ConfigError(
+            f"{where} names {unknown}, which the arm does not search (it searches {sorted(by_key)}): drop it or search it."
+        )
     point = list(space.centre())
     for axis, dimension in enumerate(space.dimensions):
         if dimension.key not in settings:
@@ -284,7 +295,11 @@ def _anchor(settings: dict[str, Any], space: SearchSpace, where: str) -> Point:
             options = ", ".join(dimension.label(i) for i in dimension.first_grid)
             fix = f"use one of the listed values ({options})"
         else:
-            index = dimension.index_of(format_value(value)) if isinstance(value, int | float) and not isinstance(value, bool) else None
+            index = (
+                dimension.index_of(format_value(value))
+                if isinstance(value, int | float) and not isinstance(value, bool)
+                else None
+            )
             if index is not None and index not in dimension.span:
                 index = None
             fix = f"use a grid value within the search's span ({', '.join(dimension.label(i) for i in dimension.span)})"

@@ -67,7 +67,11 @@ def nominal_levels(alpha: float, fractions: tuple[float, ...], spending: str = D
             weights = density * _trapezoid(grid)
             boundary = _boundary(grid, weights, step, increment) if increment > 0 and step > 0 else math.inf
             new_grid = _grid(boundary, t)
-            density = stats.norm.pdf(new_grid[:, None] - grid[None, :], scale=math.sqrt(step)) @ weights if step > 0 else density
+            density = (
+                stats.norm.pdf(new_grid[:, None] - grid[None, :], scale=math.sqrt(step)) @ weights
+                if step > 0
+                else density
+            )
             grid = new_grid if step > 0 else grid
         levels.append(float(1 - stats.norm.cdf(boundary / math.sqrt(t))) if math.isfinite(boundary) else 0.0)
         previous_t, previous_spent = max(previous_t, t), previous_spent + max(increment, 0.0)

@@ -59,8 +59,10 @@ def judge_trend(claim: Claim, points: list[TrendPoint], untuned: frozenset[str] 
         for condition in conditions:
             smallest = margin(claim, condition)
             shown = f"slope per decade of N {estimate.text(condition.alpha)}"
-            measured.append(f"{metric} difference: {describe(shown, estimate, condition, condition.alpha, smallest, 'slope')};"
-                            f" per-size means of {len(points)} seeds over {sizes} sizes, {max(sizes - 2, 0)} degrees of freedom")  # fmt: skip
+            measured.append(
+                f"{metric} difference: {describe(shown, estimate, condition, condition.alpha, smallest, 'slope')};"
+                f" per-size means of {len(points)} seeds over {sizes} sizes, {max(sizes - 2, 0)} degrees of freedom"
+            )
             verdicts.append(judged(estimate, condition, smallest, condition.alpha))
     if {claim.arm, claim.baseline} & untuned:
         return Verdict(claim, [*measured, "not tuned at every size (see the tuning table)"], NOT_TUNED)

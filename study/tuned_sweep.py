@@ -52,8 +52,14 @@ class JobConfigs(Protocol):
         """Raise if an override does not parse."""
 
 
-def run_tuned_study(spec: StudySpec, base_jobs: list[list[str]], sweep_dir: Path, configs: JobConfigs, launch: Launch,
-                    save_config: Callable[[Path], None] = lambda sweep_dir: None) -> list[Any]:  # fmt: skip
+def run_tuned_study(
+    spec: StudySpec,
+    base_jobs: list[list[str]],
+    sweep_dir: Path,
+    configs: JobConfigs,
+    launch: Launch,
+    save_config: Callable[[Path], None] = lambda sweep_dir: None,
+) -> list[Any]:
     """Check the study's plan for these base jobs, then run it to its end; returns what
     ``launch`` returned for each job launched here. ``save_config(sweep_dir)`` writes the
     sweep's config once the folder exists."""
@@ -61,11 +67,17 @@ def run_tuned_study(spec: StudySpec, base_jobs: list[list[str]], sweep_dir: Path
     for job in base_jobs:
         arms, base = chosen_arms(spec, job)
         bases.append((base, arms))
-    budgeted = spec.tokens_per_parameter is not None and any("token_budget" not in {override_key(o) for o in base} for base, _ in bases)
+    budgeted = spec.tokens_per_parameter is not None and any(
+        "token_budget" not in {override_key(o) for o in base} for base, _ in bases
+    )
     sizes = [parameters(configs, base) for base, _ in bases] if budgeted or spec.held_out else None
     held_out = held_out_base(spec, [base for base, _ in bases])
-    study = StudyPlan(spec, [(with_budget(spec, base, size), arms) for (base, arms), size in zip(bases, sizes or [None] * len(bases))],
-                      held_out, sizes)  # fmt: skip
+    study = StudyPlan(
+        spec,
+        [(with_budget(spec, base, size), arms) for (base, arms), size in zip(bases, sizes or [None] * len(bases))],
+        held_out,
+        sizes,
+    )
     check_arms(spec, configs)
     check_search(study, configs)
     check_seed_cap(spec, sweep_dir)
@@ -75,7 +87,9 @@ def run_tuned_study(spec: StudySpec, base_jobs: list[list[str]], sweep_dir: Path
         check_record(storage, name, print_)  # before the sweep folder exists
     sweep_dir.mkdir(parents=True, exist_ok=True)
     storage = storage or (open_storage(None, sweep_dir) if searches else None)
-    study.records = {key: SearchRecord(storage, name, print_, sweep_dir / RECORD_LOCK) for key, (name, print_) in searches.items()}
+    study.records = {
+        key: SearchRecord(storage, name, print_, sweep_dir / RECORD_LOCK) for key, (name, print_) in searches.items()
+    }
     save_config(sweep_dir)
     return run_rounds(study, sweep_dir, launch, partial(predict_held_out, study, sweep_dir))
 
@@ -117,11 +131,15 @@ def held_out_base(spec: StudySpec, bases: list[list[str]]) -> int | None:
 
     models = [override_value(base, "model") for base in bases]
     if spec.held_out not in models:
-        raise ConfigError(f"study.held_out={spec.held_out} is not one of the sizes this study runs"
-                          f" (model={','.join(m for m in models if m) or '...'}); name one of them.")  # fmt: skip
+        raise ConfigError(
+            f"study.held_out={spec.held_out} is not one of the sizes this study runs"
+            f" (model={','.join(m for m in models if m) or '...'}); name one of them."
+        )
     if len(set(models) - {spec.held_out}) < MIN_SIZES:
-        raise ConfigError(f"study.held_out: the ladder has {len(set(models)) - 1} other size(s); fitting over N needs at"
-                          f" least {MIN_SIZES}: add sizes to model=..., or drop study.held_out.")  # fmt: skip
+        raise ConfigError(
+            f"study.held_out: the ladder has {len(set(models)) - 1} other size(s); fitting over N needs at"
+            f" least {MIN_SIZES}: add sizes to model=..., or drop study.held_out."
+        )
     return models.index(spec.held_out)
 
 
@@ -138,12 +156,27 @@ def predict_held_out(study: StudyPlan, sweep_dir: Path, jobs: list[TunedJob]) ->
         if (sweep_dir / PREDICTION).is_file():
             return
         settings = {job.arm: list(job.settings) for job in jobs}
-        predictions = write_prediction([sweep_dir], study.spec.held_out, study.sizes[study.held_out], settings=settings,
-                                       seeds=len(study.spec.seeds))  # fmt: skip
+        predictions = write_prediction(
+            [sweep_dir],
+            study.spec.held_out,
+            study.sizes[study.held_out],
+            settings=settings,
+            seeds=len(study.spec.seeds),
+        )
     for p in predictions:
-        log.info("held-out %s at %s: predicted %.4f (fit [%.4f, %.4f], prediction interval [%.4f, %.4f]) from %s on %s; runs with %s",
-                 p.method, p.model, p.predicted, p.low, p.high, p.interval_low, p.interval_high, p.form, ", ".join(p.fitted_on),
-                 " ".join(p.settings))  # fmt: skip
+        log.info(
+            "held-out %s at %s: predicted %.4f (fit [%.4f, %.4f], prediction interval [%.4f, %.4f]) from %s on %s; runs with %s",
+            p.method,
+            p.model,
+            p.predicted,
+            p.low,
+            p.high,
+            p.interval_low,
+            p.interval_high,
+            p.form,
+            ", ".join(p.fitted_on),
+            " ".join(p.settings),
+        )
 
 
 def check_arms(spec: StudySpec, configs: JobConfigs) -> None:
@@ -163,8 +196,10 @@ def check_seed_cap(spec: StudySpec, sweep_dir: Path) -> None:
         if overrides and "++study.phase=judge" in overrides:
             judged |= {o.split("=", 1)[1] for o in overrides if override_key(o) == "seed"}
     if len(judged) > spec.max_seeds:
-        raise ConfigError(f"study.seeds.max={spec.max_seeds} is below the {len(judged)} judging seeds this study already ran"
-                          f" ({', '.join(sorted(judged, key=int))}); raise it to at least {len(judged)}.")  # fmt: skip
+        raise ConfigError(
+            f"study.seeds.max={spec.max_seeds} is below the {len(judged)} judging seeds this study already ran"
+            f" ({', '.join(sorted(judged, key=int))}); raise it to at least {len(judged)}."
+        )
 
 
 def check_search(study: StudyPlan, configs: JobConfigs) -> None:
@@ -179,4 +214,3 @@ def check_search(study: StudyPlan, configs: JobConfigs) -> None:
                     f"study.search: {key} is not a setting of arm {arm} (`python train.py --cfg job` lists the keys);"
                     " fix the key, or add the group that defines it to the arm's overrides."
                 )
-

@@ -29,7 +29,18 @@ from dataclasses import dataclass, field
 from functools import cached_property
 
 from study.claim_tests import Estimate, Spread, paired
-from study.coordinate_search import ALL_TRIED, AT_LIMIT, BRACKETED, NOT_BRACKETED, TUNED, incumbent, loss_key, own_points, proposals, status
+from study.coordinate_search import (
+    ALL_TRIED,
+    AT_LIMIT,
+    BRACKETED,
+    NOT_BRACKETED,
+    TUNED,
+    incumbent,
+    loss_key,
+    own_points,
+    proposals,
+    status,
+)
 from study.joint_search import SAMPLERS, replay
 from study.search_record import SearchRecord
 from study.search_space import Choice, Point, Range, SearchSpace
@@ -89,7 +100,16 @@ class Tuning:
             if search.budget is not None:
                 pending = pending[: max(0, search.budget - len(results))]
             return pending, own_points(search.space, results, search.anchors)
-        found = replay(search.space, search.searcher, search.seed, search.budget, search.round_size, search.anchors, results, self.record)
+        found = replay(
+            search.space,
+            search.searcher,
+            search.seed,
+            search.budget,
+            search.round_size,
+            search.anchors,
+            results,
+            self.record,
+        )
         return found.pending, found.own
 
     @property
@@ -119,8 +139,15 @@ class Tuning:
     @property
     def pending_reruns(self) -> list[tuple[Point, int]]:
         """The (point, finalist seed) runs still missing: every finalist's and anchor's."""
-        points = [*self.finalists, *(a for a in self.search.anchors if a in self.results)] if self.search.finalists else []
-        return [(p, seed) for p in dict.fromkeys(points) for seed in self.search.finalist_seeds if seed not in self.reruns.get(p, {})]
+        points = (
+            [*self.finalists, *(a for a in self.search.anchors if a in self.results)] if self.search.finalists else []
+        )
+        return [
+            (p, seed)
+            for p in dict.fromkeys(points)
+            for seed in self.search.finalist_seeds
+            if seed not in self.reruns.get(p, {})
+        ]
 
     def losses(self, point: Point) -> dict[int, float]:
         """A point's losses by pairing unit: its tuning seeds' mean, then each finalist seed."""
@@ -155,12 +182,21 @@ class Tuning:
             return ALL_TRIED if tried >= set(dimension.span) else NOT_BRACKETED
         assert isinstance(dimension, Range)
         here = best[axis]
-        nearest = {direction: min((i for i in tried if (i - here) * direction > 0), key=lambda i: abs(i - here), default=None)
-                   for direction in (-1, 1)}  # fmt: skip
+        nearest = {
+            direction: min((i for i in tried if (i - here) * direction > 0), key=lambda i: abs(i - here), default=None)
+            for direction in (-1, 1)
+        }
         if all(index is not None for index in nearest.values()):
-            return BRACKETED if rises_on_both_sides(self.space, self.results, best, axis, tuple(nearest.values())) else NOT_BRACKETED
+            return (
+                BRACKETED
+                if rises_on_both_sides(self.space, self.results, best, axis, tuple(nearest.values()))
+                else NOT_BRACKETED
+            )
         open_sides = [direction for direction, index in nearest.items() if index is None]
-        edge = [here == (dimension.span.start if d < 0 else dimension.span.stop - 1) and dimension.at_hard_limit(here, d) for d in open_sides]
+        edge = [
+            here == (dimension.span.start if d < 0 else dimension.span.stop - 1) and dimension.at_hard_limit(here, d)
+            for d in open_sides
+        ]
         return AT_LIMIT if all(edge) else NOT_BRACKETED
 
     def regret(self, anchor: Point) -> Estimate | None:
@@ -172,7 +208,11 @@ class Tuning:
         shared = sorted(set(mine) & set(theirs))
         if len(shared) == 1:
             return Estimate("difference", mine[shared[0]] - theirs[shared[0]])
-        return paired(Spread(tuple(mine[s] for s in shared), tuple(shared)), Spread(tuple(theirs[s] for s in shared), tuple(shared)), "difference")
+        return paired(
+            Spread(tuple(mine[s] for s in shared), tuple(shared)),
+            Spread(tuple(theirs[s] for s in shared), tuple(shared)),
+            "difference",
+        )
 
     @property
     def beaten_by(self) -> list[tuple[Point, float]]:
@@ -181,16 +221,27 @@ class Tuning:
         if self.winner is None or not self.space.dimensions:
             return []
         found = [(a, self.regret(a)) for a in self.search.anchors]
-        return [(a, r.value) for a, r in found if r is not None and (r.value > 0 or math.isnan(r.value) and not math.isnan(self.mean(a)))]
+        return [
+            (a, r.value)
+            for a, r in found
+            if r is not None and (r.value > 0 or math.isnan(r.value) and not math.isnan(self.mean(a)))
+        ]
 
     @property
     def tuned(self) -> bool:
         """Nothing left to run, every dimension tuned, no anchor better than the winner."""
-        return (self.winner is not None and not self.pending and not self.pending_reruns and all(s in TUNED for s in self.statuses.values())
-                and not self.beaten_by)  # fmt: skip
+        return (
+            self.winner is not None
+            and not self.pending
+            and not self.pending_reruns
+            and all(s in TUNED for s in self.statuses.values())
+            and not self.beaten_by
+        )
 
 
-def rises_on_both_sides(space: SearchSpace, results: dict[Point, float], best: Point, axis: int, sides: tuple[int, int]) -> bool:
+def rises_on_both_sides(
+    space: SearchSpace, results: dict[Point, float], best: Point, axis: int, sides: tuple[int, int]
+) -> bool:
     """Whether the surrogate's loss, along ``axis`` through ``best`` (its other settings held),
     is higher at both of these indices than at the winner."""
     line = [best, *((*best[:axis], index, *best[axis + 1 :]) for index in sides)]
@@ -198,9 +249,15 @@ def rises_on_both_sides(space: SearchSpace, results: dict[Point, float], best: P
     return all(other > at_winner for other in others)
 
 
-def tuning_from_seeds(search: Search, tuning_seeds: list[int], by_point: dict[Point, dict[int, float]], record: SearchRecord | None = None) -> Tuning:
+def tuning_from_seeds(
+    search: Search, tuning_seeds: list[int], by_point: dict[Point, dict[int, float]], record: SearchRecord | None = None
+) -> Tuning:
     """A search from each point's losses by seed: a point counts once every tuning seed ran, at
     their mean; its losses on the finalist seeds are its reruns."""
-    results = {p: sum(v[s] for s in tuning_seeds) / len(tuning_seeds) for p, v in by_point.items() if set(tuning_seeds) <= set(v)}
+    results = {
+        p: sum(v[s] for s in tuning_seeds) / len(tuning_seeds)
+        for p, v in by_point.items()
+        if set(tuning_seeds) <= set(v)
+    }
     reruns = {p: {s: v[s] for s in search.finalist_seeds if s in v} for p, v in by_point.items()}
     return Tuning(search, results, {p: r for p, r in reruns.items() if r}, record)

@@ -68,7 +68,9 @@ def judged(estimate: Estimate, condition: Condition, smallest: float, alpha: flo
     return found
 
 
-def describe(estimates: str, estimate: Estimate, condition: Condition, alpha: float, smallest: float, of: str | None = None) -> str:
+def describe(
+    estimates: str, estimate: Estimate, condition: Condition, alpha: float, smallest: float, of: str | None = None
+) -> str:
     """One measured condition in words: the estimates with the intervals at the test's level,
     the test, and what the seeds resolve (``estimates``: how to print them, ``{}`` for the one
     judged)."""
@@ -84,8 +86,9 @@ class Verdict:
     verdict: str
 
 
-def judge_claim(claim: Claim, groups: dict[str, dict[str, Spread]], untuned: frozenset[str] = frozenset(),
-                level: Level = full_level) -> Verdict:  # fmt: skip
+def judge_claim(
+    claim: Claim, groups: dict[str, dict[str, Spread]], untuned: frozenset[str] = frozenset(), level: Level = full_level
+) -> Verdict:
     """Judge a claim on the groups' spreads (arm -> metric -> Spread), each test at ``level``
     of its own (a sequential look's share, ``study/sequential.py``); a claim on an arm in
     ``untuned`` (a tuned study's arm whose search is not finished or not bracketed, or whose
@@ -109,7 +112,9 @@ def judge_claim(claim: Claim, groups: dict[str, dict[str, Spread]], untuned: fro
             pair, apart = paired(arm, baseline, condition.kind), unpaired(arm, baseline, condition.kind)
             alpha, smallest = level(condition.alpha), margin(claim, condition)
             shown = f"paired {pair.text(alpha)}, unpaired {apart.text(alpha)}" if pair else apart.text(alpha)
-            measured.append(f"{metric} {condition.kind} {describe(shown, pair or apart, condition, alpha, smallest)}; n={arm.n}/{baseline.n}")
+            measured.append(
+                f"{metric} {condition.kind} {describe(shown, pair or apart, condition, alpha, smallest)}; n={arm.n}/{baseline.n}"
+            )
             verdicts.append(judged(pair or apart, condition, smallest, alpha))
     not_tuned = sorted({arm_name, baseline_name} & untuned)
     if not_tuned:
@@ -142,7 +147,9 @@ def judge_front(claim: Claim, groups: dict[str, dict[str, Spread]]) -> Verdict:
             verdicts.append("inconclusive")
         elif other[claim.x].mean <= arm[claim.x].mean:
             estimate = unpaired(arm[claim.y], other[claim.y], "difference")
-            measured.append(f"vs {name} ({arm[claim.x].mean / other[claim.x].mean:.2f}x its {claim.x}): {claim.y} {estimate.text(ONE_SIDED_ALPHA)}")
+            measured.append(
+                f"vs {name} ({arm[claim.x].mean / other[claim.x].mean:.2f}x its {claim.x}): {claim.y} {estimate.text(ONE_SIDED_ALPHA)}"
+            )
             verdicts.append(verdict(estimate, LOWER, ONE_SIDED_ALPHA))
     if not measured:
         measured.append(f"fewer {claim.x} than every front arm")

@@ -45,20 +45,31 @@ def run_rounds(
         folders = [sweep_dir / str(number) for number in numbers]
         free = [i for i, folder in enumerate(folders) if not lock_is_live(folder / LOCK)]
         if not free:
-            log.info("tuned study: the %d open %s jobs (folders %s) are other workers'; waiting for one to end",
-                     len(jobs), jobs[0].phase, ", ".join(map(str, numbers)))  # fmt: skip
+            log.info(
+                "tuned study: the %d open %s jobs (folders %s) are other workers'; waiting for one to end",
+                len(jobs),
+                jobs[0].phase,
+                ", ".join(map(str, numbers)),
+            )
             wait_for_any(folders)
             continue
         held = len(jobs) - len(free)
-        log.info("tuned study: %d %s jobs (folders %s)%s", len(free), jobs[0].phase, ", ".join(str(numbers[i]) for i in free),
-                 f"; {held} more held by another worker" if held else "")  # fmt: skip
+        log.info(
+            "tuned study: %d %s jobs (folders %s)%s",
+            len(free),
+            jobs[0].phase,
+            ", ".join(str(numbers[i]) for i in free),
+            f"; {held} more held by another worker" if held else "",
+        )
         for i in free:
             launched.append(launch(batch[i], numbers[i]))
             metrics = SweepJob(folders[i], numbers[i], batch[i]).finished_metrics()
             if metrics is not None:
                 plan.record(jobs[i], metrics)
             elif not lock_is_live(folders[i] / LOCK):  # neither finished nor another worker's
-                raise RuntimeError(f"job {numbers[i]} ended without {MARKER} in {folders[i]}: it did not reach its budget")
+                raise RuntimeError(
+                    f"job {numbers[i]} ended without {MARKER} in {folders[i]}: it did not reach its budget"
+                )
     return launched
 
 

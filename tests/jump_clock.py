@@ -14,4 +14,6 @@ class JumpClock(StepCallback):
     def on_step_end(self, state: TrainingState) -> None:
         if state.clock.steps == self.at:
             per_step = state.clock.sequences // state.clock.steps
-            state.move_clock({"steps": self.to, "sequences": self.to * per_step, "tokens": state.clock.tokens // self.at * self.to})
+            state.move_clock(
+                {"steps": self.to, "sequences": self.to * per_step, "tokens": state.clock.tokens // self.at * self.to}
+            )

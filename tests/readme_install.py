@@ -42,8 +42,11 @@ def runtime_closure() -> set[str]:
 def blocked_modules() -> set[str]:
     """Top-level modules only distributions outside the closure provide."""
     closure = runtime_closure()
-    return {module for module, distributions in metadata.packages_distributions().items()
-            if module not in sys.stdlib_module_names and not {canonicalize_name(d) for d in distributions} & closure}  # fmt: skip
+    return {
+        module
+        for module, distributions in metadata.packages_distributions().items()
+        if module not in sys.stdlib_module_names and not {canonicalize_name(d) for d in distributions} & closure
+    }
 
 
 class Refuse(importlib.abc.MetaPathFinder):

@@ -73,7 +73,13 @@ def run_train(overrides: list[str], run_dir: Path, cache_dir: Path, timeout: int
     """Run train.py in a subprocess (as a user would) and return the finished process."""
     # One thread per process: the tiny test models gain nothing from more, and 2-process
     # runs would otherwise oversubscribe a 2-core machine.
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "WANDB_MODE": "offline", "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
+    env = {
+        **os.environ,
+        "HF_HUB_OFFLINE": "1",
+        "WANDB_MODE": "offline",
+        "PYTHONUNBUFFERED": "1",
+        "OMP_NUM_THREADS": "1",
+    }
     command = [sys.executable, str(REPO / "train.py"), f"hydra.run.dir={run_dir}", f"paths.cache_dir={cache_dir}"]
     return subprocess.run(
         command + overrides, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout, **popen
@@ -111,8 +117,9 @@ def training_state(
     log_every_n_steps: int = 1,
 ) -> TrainingState:
     """The real training state, as the training module builds it, for callbacks tested alone."""
-    batch = BatchSettings(global_batch_size=global_batch, micro_batch_size=micro, max_micro_batch_size=micro,
-                        max_global_batch_size=cap)  # fmt: skip
+    batch = BatchSettings(
+        global_batch_size=global_batch, micro_batch_size=micro, max_micro_batch_size=micro, max_global_batch_size=cap
+    )
     layout = default_settings(LayoutSettings, "layout", activation_checkpointing=checkpointing)
     state = TrainingState(GlobalBatch(batch, micro, ranks, replicas), budget, SMALL_MODEL, layout, log_every_n_steps)
     state.gradient_group_size = ranks

@@ -23,10 +23,17 @@ class CaptureGradients(L.Callback):
 
 def one_step(tmp_path, micro: int, global_batch: int, train_seq_len: int | None = None):
     cfg = compose_config(
-        TINY + [f"batch.micro_batch_size={micro}", f"batch.global_batch_size={global_batch}",
-                "optimizer.grad_clip=null", "trainer.max_steps=1", "logger=none", "callbacks=none"],
+        TINY
+        + [
+            f"batch.micro_batch_size={micro}",
+            f"batch.global_batch_size={global_batch}",
+            "optimizer.grad_clip=null",
+            "trainer.max_steps=1",
+            "logger=none",
+            "callbacks=none",
+        ],
         tmp_path,
-    )  # fmt: skip
+    )
     settings = read_settings(cfg, processes=1)
     L.seed_everything(cfg.seed, verbose=False)
     datamodule = build_datamodule(settings)

@@ -172,7 +172,9 @@ def test_resume_mid_schedule_continues_exactly(tmp_path, tmp_path_factory):
     rates = learning_rates(tmp_path / "full")
     assert rates == pytest.approx({step: 4e-3 * (size / 8) ** 0.5 for step, size in sizes.items()}, rel=1e-12)
 
-    resumed = run_train(growing + [f"ckpt_path={tmp_path / 'full/checkpoints/step000001.ckpt'}"], tmp_path / "resumed", cache)
+    resumed = run_train(
+        growing + [f"ckpt_path={tmp_path / 'full/checkpoints/step000001.ckpt'}"], tmp_path / "resumed", cache
+    )
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert batch_sizes(tmp_path / "resumed") == {step: size for step, size in sizes.items() if step > 1}
     assert learning_rates(tmp_path / "resumed") == {step: rate for step, rate in rates.items() if step > 1}
@@ -194,9 +196,17 @@ def test_the_documented_fail_fast_command_exits_2_before_any_work(tmp_path):
 
 def test_the_console_shows_the_batch_once_it_moves_and_says_when_it_reaches_its_cap(tmp_path, tmp_path_factory):
     # eta 0.1 (the authors' tolerance) asks for far more than 16 sequences at once
-    overrides = [*TINY, "+experiment=adaptive_bs", "technique.adaptive_batch.eta=0.1", "batch.global_batch_size=4",
-                 "batch.max_micro_batch_size=4", "batch.max_global_batch_size=16", "token_budget=4096",
-                 "callbacks.progress_bar.lines=true", "callbacks.progress_bar.line_interval_s=0.01"]  # fmt: skip
+    overrides = [
+        *TINY,
+        "+experiment=adaptive_bs",
+        "technique.adaptive_batch.eta=0.1",
+        "batch.global_batch_size=4",
+        "batch.max_micro_batch_size=4",
+        "batch.max_global_batch_size=16",
+        "token_budget=4096",
+        "callbacks.progress_bar.lines=true",
+        "callbacks.progress_bar.line_interval_s=0.01",
+    ]
     result = run_train(overrides, tmp_path / "run", tmp_path_factory.getbasetemp() / "cache")
     assert result.returncode == 0, result.stderr[-3000:]
     output = result.stdout + result.stderr
@@ -208,8 +218,6 @@ def test_the_console_shows_the_batch_once_it_moves_and_says_when_it_reaches_its_
     assert "batch=" not in lines[0] and any("batch=16" in line for line in lines)
 
 
-
-
 UNTESTED_STEPS = TINY + ["trainer.max_steps=3", "logger=csv", "batch.global_batch_size=8"]
 
 
@@ -217,7 +225,9 @@ UNTESTED_STEPS = TINY + ["trainer.max_steps=3", "logger=csv", "batch.global_batc
 def untested_run(tmp_path_factory):
     """Three steps of the batch the tests below keep, without any test."""
     run_dir = tmp_path_factory.mktemp("untested")
-    result = run_train(UNTESTED_STEPS + ["batch.max_micro_batch_size=4"], run_dir, tmp_path_factory.getbasetemp() / "cache")
+    result = run_train(
+        UNTESTED_STEPS + ["batch.max_micro_batch_size=4"], run_dir, tmp_path_factory.getbasetemp() / "cache"
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     return run_dir
 
@@ -226,8 +236,13 @@ def untested_run(tmp_path_factory):
 def test_taking_the_micro_steps_gradients_leaves_training_unchanged(test, untested_run, tmp_path, tmp_path_factory):
     """The samples are taken out of ``.grad`` and summed back by the callback: the weights
     must come out bitwise as when autograd accumulates (the batch is kept at 8 here)."""
-    kept = ["+experiment=adaptive_bs", f"technique.adaptive_batch.test={test}", "technique.adaptive_batch.eta=1e6",
-            "technique.adaptive_batch.theta=1e6", "technique.adaptive_batch.nu=1e6"]  # fmt: skip
+    kept = [
+        "+experiment=adaptive_bs",
+        f"technique.adaptive_batch.test={test}",
+        "technique.adaptive_batch.eta=1e6",
+        "technique.adaptive_batch.theta=1e6",
+        "technique.adaptive_batch.nu=1e6",
+    ]
     tested = run_train(UNTESTED_STEPS + kept, tmp_path / "tested", tmp_path_factory.getbasetemp() / "cache")
     assert tested.returncode == 0, tested.stderr[-3000:]
     assert train_losses(tmp_path / "tested") == train_losses(untested_run)

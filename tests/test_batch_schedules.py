@@ -35,7 +35,9 @@ def settings_of(name: str, tmp_path, overrides: list[str]):
 def adaptive(tmp_path, eta: float, cap: int | None = None) -> AdaptiveBatchSize:
     cap_setting = "null" if cap is None else cap
     settings = settings_of(
-        "adaptive_batch", tmp_path, [f"technique.adaptive_batch.eta={eta}", f"technique.adaptive_batch.max_global_batch_size={cap_setting}"]
+        "adaptive_batch",
+        tmp_path,
+        [f"technique.adaptive_batch.eta={eta}", f"technique.adaptive_batch.max_global_batch_size={cap_setting}"],
     )
     return AdaptiveBatchSize(settings, sample_kind="micro_batch", lr_scaling=None)
 
@@ -93,8 +95,13 @@ def test_batch_never_shrinks(tmp_path):
 
 
 def test_stagewise_warmup_splits_the_token_budget_evenly(tmp_path):
-    overrides = ["technique.batch_warmup.stage_sizes=[16,32,64]", "token_budget=3000", "batch.global_batch_size=16",
-                 "batch.micro_batch_size=8", "batch.max_global_batch_size=64"]  # fmt: skip
+    overrides = [
+        "technique.batch_warmup.stage_sizes=[16,32,64]",
+        "token_budget=3000",
+        "batch.global_batch_size=16",
+        "batch.micro_batch_size=8",
+        "batch.max_global_batch_size=64",
+    ]
     cfg = compose_config(TINY + ["+technique=batch_warmup"] + overrides, tmp_path)
     settings = read_settings(cfg)
     warmup = settings.techniques["batch_warmup"]
@@ -113,9 +120,16 @@ def test_lr_scaling_follows_the_batch_from_its_starting_size(rule, power):
 
 def test_a_warmup_run_logs_the_linearly_scaled_learning_rate(tmp_path, tmp_path_factory):
     """Stages 8 -> 16 -> 32 at a constant schedule: the logged LR is the peak times B / 8."""
-    overrides = TINY + ["+technique=batch_warmup", "technique.batch_warmup.stage_sizes=[8,16,32]",
-                        "technique.batch_warmup.lr_scaling=linear", "token_budget=6000", "lr_schedule.name=constant",
-                        "lr_schedule.warmup_steps=0", "batch.max_global_batch_size=32", "logger=csv"]  # fmt: skip
+    overrides = TINY + [
+        "+technique=batch_warmup",
+        "technique.batch_warmup.stage_sizes=[8,16,32]",
+        "technique.batch_warmup.lr_scaling=linear",
+        "token_budget=6000",
+        "lr_schedule.name=constant",
+        "lr_schedule.warmup_steps=0",
+        "batch.max_global_batch_size=32",
+        "logger=csv",
+    ]
     result = run_train(overrides, tmp_path / "run", tmp_path_factory.getbasetemp() / "cache")
     assert result.returncode == 0, result.stderr[-3000:]
     rows = [row for row in load_run(tmp_path / "run").rows if "train/lr" in row]
@@ -127,7 +141,9 @@ def test_a_warmup_run_logs_the_linearly_scaled_learning_rate(tmp_path, tmp_path_
 
 def test_linear_rampup_follows_megatron(tmp_path):
     """16 -> 128 by 16: 7 increments over 4800 samples, one every 685.71 samples."""
-    cfg = compose_config(TINY + ["+technique=batch_rampup", "batch.global_batch_size=128", "batch.micro_batch_size=8"], tmp_path)
+    cfg = compose_config(
+        TINY + ["+technique=batch_rampup", "batch.global_batch_size=128", "batch.micro_batch_size=8"], tmp_path
+    )
     settings = read_settings(cfg)
     rampup = settings.techniques["batch_rampup"]
     expected = {0: 16, 685: 16, 686: 32, 1372: 48, 2742: 64, 2743: 80, 4114: 96, 4799: 112, 4800: 128, 10**6: 128}
@@ -138,22 +154,46 @@ def test_linear_rampup_follows_megatron(tmp_path):
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
-        (["+technique=batch_rampup", "technique.batch_rampup.increment=24", "batch.global_batch_size=128"], "multiple of increment"),
-        (["+technique=batch_warmup", "token_budget=null", "trainer.max_steps=5", "lr_schedule.name=constant"], "token_budget is null"),
+        (
+            ["+technique=batch_rampup", "technique.batch_rampup.increment=24", "batch.global_batch_size=128"],
+            "multiple of increment",
+        ),
+        (
+            ["+technique=batch_warmup", "token_budget=null", "trainer.max_steps=5", "lr_schedule.name=constant"],
+            "token_budget is null",
+        ),
         (["+technique=batch_warmup", "technique.batch_warmup.stage_sizes=[]"], "non-empty"),
         (["+technique=batch_warmup", "batch.max_global_batch_size=64"], "stage_sizes[3]=128 is not a multiple"),
-        (["+technique=constant_batch", "technique.constant_batch.size=9"], "size=9 is not a multiple of micro_batch x ranks = 2"),
-        (["+technique=[constant_batch,adaptive_batch]"], "technique.constant_batch and technique.adaptive_batch both do"),
+        (
+            ["+technique=constant_batch", "technique.constant_batch.size=9"],
+            "size=9 is not a multiple of micro_batch x ranks = 2",
+        ),
+        (
+            ["+technique=[constant_batch,adaptive_batch]"],
+            "technique.constant_batch and technique.adaptive_batch both do",
+        ),
         (["+technique=adaptive_batch", "technique.adaptive_batch.test=variance"], "test='variance' is unknown"),
         (["+technique=adaptive_batch", "technique.adaptive_batch.samples=layers"], "samples='layers' is unknown"),
         (["+technique=adaptive_batch", "technique.adaptive_batch.eta=0"], "eta=0.0 must be > 0"),
         (["+technique=adaptive_batch", "technique.adaptive_batch.every_n_steps=0"], "every_n_steps=0"),
-        (["+technique=adaptive_batch", "technique.adaptive_batch.min_global_batch_size=64",
-          "technique.adaptive_batch.max_global_batch_size=32"], "exceeds"),  # fmt: skip
+        (
+            [
+                "+technique=adaptive_batch",
+                "technique.adaptive_batch.min_global_batch_size=64",
+                "technique.adaptive_batch.max_global_batch_size=32",
+            ],
+            "exceeds",
+        ),
         (["+technique=adaptive_batch", "technique.adaptive_batch.samples=rank"], "samples=rank needs strategy=ddp"),
         (["+technique=adaptive_batch", "batch.global_batch_size=2"], "needs >= 2 samples"),
-        (["+technique=adaptive_batch", "technique.adaptive_batch.min_global_batch_size=9"], "min_global_batch_size=9 must be a multiple"),
-        (["+technique=adaptive_batch", "technique.adaptive_batch.eta=abc"], "technique.adaptive_batch.eta='abc' must be a number"),
+        (
+            ["+technique=adaptive_batch", "technique.adaptive_batch.min_global_batch_size=9"],
+            "min_global_batch_size=9 must be a multiple",
+        ),
+        (
+            ["+technique=adaptive_batch", "technique.adaptive_batch.eta=abc"],
+            "technique.adaptive_batch.eta='abc' must be a number",
+        ),
         (["+technique=batch_warmup", "technique.batch_warmup.lr_scaling=cubic"], "lr_scaling='cubic' is unknown"),
     ],
 )
@@ -164,8 +204,17 @@ def test_impossible_settings_are_config_errors_naming_the_key(overrides, message
 
 
 def seesaw_settings(tmp_path, *overrides):
-    cfg = compose_config(TINY + ["+technique=seesaw", "lr_schedule.warmup_steps=0", "token_budget=1000",
-                                 "batch.max_global_batch_size=64", *overrides], tmp_path)  # fmt: skip
+    cfg = compose_config(
+        TINY
+        + [
+            "+technique=seesaw",
+            "lr_schedule.warmup_steps=0",
+            "token_budget=1000",
+            "batch.max_global_batch_size=64",
+            *overrides,
+        ],
+        tmp_path,
+    )
     settings = read_settings(cfg)
     return settings.techniques["seesaw"], settings.run
 
@@ -199,8 +248,14 @@ def test_seesaw_settings_are_checked_and_a_constant_schedule_has_no_cuts(tmp_pat
 
 def test_a_seesaw_run_logs_the_rule_and_resumes_exactly(tmp_path, tmp_path_factory):
     cache = tmp_path_factory.getbasetemp() / "cache"
-    overrides = TINY + ["+technique=seesaw", "lr_schedule.warmup_steps=0", "token_budget=6000",
-                        "batch.max_global_batch_size=32", "logger=csv", "callbacks.model_checkpoint.every_n_train_steps=5"]  # fmt: skip
+    overrides = TINY + [
+        "+technique=seesaw",
+        "lr_schedule.warmup_steps=0",
+        "token_budget=6000",
+        "batch.max_global_batch_size=32",
+        "logger=csv",
+        "callbacks.model_checkpoint.every_n_train_steps=5",
+    ]
     full = run_train(overrides, tmp_path / "full", cache)
     assert full.returncode == 0, full.stderr[-3000:]
     rows = [row for row in load_run(tmp_path / "full").rows if "train/lr" in row]
@@ -211,7 +266,9 @@ def test_a_seesaw_run_logs_the_rule_and_resumes_exactly(tmp_path, tmp_path_facto
         k = math.floor(math.log2(1 / reference) + 1e-9)
         assert row["train/global_batch_size"] == 8 * 2 ** min(k, 2)
         assert row["train/lr"] == pytest.approx(4e-3 * 2.0 ** (-min(k, 2) / 2 - max(k - 2, 0)), rel=1e-12)
-    resumed = run_train(overrides + [f"ckpt_path={tmp_path / 'full/checkpoints/step000005.ckpt'}"], tmp_path / "resumed", cache)
+    resumed = run_train(
+        overrides + [f"ckpt_path={tmp_path / 'full/checkpoints/step000005.ckpt'}"], tmp_path / "resumed", cache
+    )
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     again = [row for row in load_run(tmp_path / "resumed").rows if "train/lr" in row]
     assert [(r["step"], r["train/lr"], r["train/global_batch_size"], r["train/loss"]) for r in again] == [

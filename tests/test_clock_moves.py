@@ -11,9 +11,17 @@ STEPS = [*TINY, "token_budget=2048", "lr_schedule.warmup_steps=1"]  # 8 steps of
 def test_the_rows_after_a_clock_move_are_those_of_the_steps_it_moved_to(tmp_path, tmp_path_factory) -> None:
     cache = tmp_path_factory.getbasetemp() / "cache"
     runs = {}
-    for name, extra in (("even", []), ("jumped", ["+callbacks.jump._target_=tests.jump_clock.JumpClock", "+callbacks.jump.at=3",
-                                                 "+callbacks.jump.to=5"])):  # fmt: skip
-        log = ["+callbacks.row_log._target_=benchmarks.row_log.RowLog", f"+callbacks.row_log.path={tmp_path / name / 'rows'}"]
+    for name, extra in (
+        ("even", []),
+        (
+            "jumped",
+            ["+callbacks.jump._target_=tests.jump_clock.JumpClock", "+callbacks.jump.at=3", "+callbacks.jump.to=5"],
+        ),
+    ):
+        log = [
+            "+callbacks.row_log._target_=benchmarks.row_log.RowLog",
+            f"+callbacks.row_log.path={tmp_path / name / 'rows'}",
+        ]
         result = run_train([*STEPS, *log, *extra], tmp_path / name, cache)
         assert result.returncode == 0, result.stderr[-3000:]
         runs[name] = rows_by_step(tmp_path / name / "rows")

@@ -34,8 +34,10 @@ def schedule(run_dir) -> dict[int, tuple[float, ...]]:
     """Per logged step: global batch, trained sequence length, DiLoCo round."""
     with open(run_dir / "csv" / "metrics.csv") as file:
         rows = [row for row in csv.DictReader(file) if row.get("train/global_batch_size")]
-    return {int(r["step"]): (float(r["train/global_batch_size"]), float(r["train/seq_len"]), r.get("diloco/round") or "")
-            for r in rows}  # fmt: skip
+    return {
+        int(r["step"]): (float(r["train/global_batch_size"]), float(r["train/seq_len"]), r.get("diloco/round") or "")
+        for r in rows
+    }
 
 
 def train(overrides, run_dir, tmp_path_factory):
@@ -46,10 +48,12 @@ def train(overrides, run_dir, tmp_path_factory):
 
 @pytest.mark.parametrize(
     ("overrides", "resume_step"),
-    [(["trainer.max_steps=12", "callbacks.model_checkpoint.every_n_train_steps=4"], 4),
-     (REAL + ["trainer.max_steps=6", "callbacks.model_checkpoint.every_n_train_steps=2"], 2)],
+    [
+        (["trainer.max_steps=12", "callbacks.model_checkpoint.every_n_train_steps=4"], 4),
+        (REAL + ["trainer.max_steps=6", "callbacks.model_checkpoint.every_n_train_steps=2"], 2),
+    ],
     ids=["simulated", "real"],
-)  # fmt: skip
+)
 def test_all_three_grow_sync_and_resume_exactly(overrides, resume_step, tmp_path, tmp_path_factory):
     weights, logged = train(overrides, tmp_path / "full", tmp_path_factory)
     batches = [batch for batch, _, _ in logged.values()]

@@ -17,7 +17,10 @@ TEXT = "".join(f"Paragraph {i} of a small corpus, with some words in it.\n\n" fo
 
 def test_the_digest_is_of_the_ids_whatever_their_width_and_tells_splits_apart() -> None:
     ids = np.arange(1000) % 300
-    narrow, wide = [[ids.astype(np.uint16)], [ids[:10].astype(np.uint16)]], [[ids.astype(np.uint32)], [ids[:10].astype(np.uint32)]]
+    narrow, wide = (
+        [[ids.astype(np.uint16)], [ids[:10].astype(np.uint16)]],
+        [[ids.astype(np.uint32)], [ids[:10].astype(np.uint32)]],
+    )
     assert digest_tokens(narrow) == digest_tokens(wide)
     changed = ids.copy()
     changed[500] += 1
@@ -42,8 +45,9 @@ def test_byte_identical_copies_at_other_paths_and_times_have_one_content_digest(
 
 
 def test_where_the_data_sit_is_not_among_the_settings_groups_compare(tmp_path: Path) -> None:
-    cfg = compose_config(["data=local_files", "data.source.paths=[/site_a/corpus.txt]", "data.tokenizer.path=/site_a/tok.json"],
-                         tmp_path)  # fmt: skip
+    cfg = compose_config(
+        ["data=local_files", "data.source.paths=[/site_a/corpus.txt]", "data.tokenizer.path=/site_a/tok.json"], tmp_path
+    )
     keys = dict(shared_settings(cfg))
     assert "data.source.paths" not in keys and "data.tokenizer.path" not in keys
     assert "data.source.kind" in keys and "data.seq_len" in keys

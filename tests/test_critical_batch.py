@@ -17,9 +17,20 @@ from analysis.runs import find_runs
 from common.errors import ConfigError
 from tests.run_helpers import REPO, compose_config
 
-SMALL = ["model.n_layers=1", "model.d_model=32", "model.n_heads=4", "model.n_kv_heads=2", "model.mlp_hidden=64",
-         "data.seq_len=32", "data.source.max_documents=600", "data.val_max_rows=16", "lr_schedule.warmup_steps=1",
-         "callbacks.model_checkpoint.every_n_train_steps=2", "trainer.num_sanity_val_steps=0", "trainer.log_every_n_steps=1"]  # fmt: skip
+SMALL = [
+    "model.n_layers=1",
+    "model.d_model=32",
+    "model.n_heads=4",
+    "model.n_kv_heads=2",
+    "model.mlp_hidden=64",
+    "data.seq_len=32",
+    "data.source.max_documents=600",
+    "data.val_max_rows=16",
+    "lr_schedule.warmup_steps=1",
+    "callbacks.model_checkpoint.every_n_train_steps=2",
+    "trainer.num_sanity_val_steps=0",
+    "trainer.log_every_n_steps=1",
+]
 BASE_LR, BASE_BATCH, SEQ_LEN, WINDOW = 8e-3, 16, 32, 1024  # the default peak LR
 
 
@@ -98,13 +109,20 @@ def test_the_growth_fit_recovers_known_exponents_in_tokens_and_size(tmp_path: Pa
     from analysis.critical_batch import BranchPoint, growth, plot_by_size
 
     def points(n: float, wobble: float) -> list:
-        return [BranchPoint(seed, step, tokens, {}, round(2 * tokens**0.5 * (1 + wobble * (seed - 2))), False, None, None)
-                for seed in (1, 2, 3) for step, tokens in ((25, 102_400), (50, 204_800), (100, 409_600), (200, 819_200))]  # fmt: skip
+        return [
+            BranchPoint(seed, step, tokens, {}, round(2 * tokens**0.5 * (1 + wobble * (seed - 2))), False, None, None)
+            for seed in (1, 2, 3)
+            for step, tokens in ((25, 102_400), (50, 204_800), (100, 409_600), (200, 819_200))
+        ]
 
     found = growth({3e5: points(3e5, 0.01), 1.2e6: points(1.2e6, -0.01)})
     assert found.tokens[0] == pytest.approx(0.5, abs=0.01) and found.tokens[1] > 0.45
     assert found.size[1] < 0 < found.size[2] and found.points == 24
-    floor = [BranchPoint(seed, 25, tokens, {4: 2.0, 8: 2.1}, 4, False, None, None) for seed in (1, 2) for tokens in (1e5, 2e5)]
+    floor = [
+        BranchPoint(seed, 25, tokens, {4: 2.0, 8: 2.1}, 4, False, None, None)
+        for seed in (1, 2)
+        for tokens in (1e5, 2e5)
+    ]
     assert growth({1e5: floor, 1e6: floor}).at_floor == 8  # B* at the smallest batch: at most that, counted
     assert found.verdict() == "grows with tokens; does not change measurably with model size"
     with pytest.raises(ConfigError, match="two or more model sizes"):

@@ -68,8 +68,15 @@ def byte_stream(documents: list[str]) -> list[int]:
 
 
 def datamodule(tmp_path: Path, source: dict, **overrides) -> TextDataModule:
-    settings = dict(tokenizer={"kind": "byte"}, seq_len=16, micro_batch_size=2, val_fraction=0.25, val_max_rows=None,
-                    shuffle=True, seed=0)  # fmt: skip
+    settings = dict(
+        tokenizer={"kind": "byte"},
+        seq_len=16,
+        micro_batch_size=2,
+        val_fraction=0.25,
+        val_max_rows=None,
+        shuffle=True,
+        seed=0,
+    )
     settings.update(overrides)
     return TextDataModule(source=source, cache_dir=str(tmp_path / "cache"), **settings)
 
@@ -203,7 +210,9 @@ def test_markdown_and_rst_are_read_as_text_and_a_declared_format_overrides_the_e
     as_text = {**declared, "format": "text"}
     assert read_documents(as_text, tmp_path) == ['{"text": "from json"}\n']
     assert build_source(as_text).description != build_source(declared).description  # separate token caches
-    with pytest.raises(ConfigError, match=r"data\.source\.format='csv' is not valid; choose one of: text, json, parquet"):
+    with pytest.raises(
+        ConfigError, match=r"data\.source\.format='csv' is not valid; choose one of: text, json, parquet"
+    ):
         build_source({**declared, "format": "csv"})
 
 
@@ -283,9 +292,15 @@ def test_interrupted_build_leaves_no_complete_looking_cache_and_the_next_one_con
     resumed_tokenizer = CountingTokenizer()
     built = open_token_cache(build_token_cache(source, resumed_tokenizer, cache_dir, 0.25))
     assert resumed_tokenizer.calls == 2 * 4  # shards 3..6 only, two calls each (the last holds 4 documents)
-    assert list(built.train[:]) == list(reference.train[:]) == byte_stream([d for i, d in enumerate(documents) if not is_val_reference(i, 0.25)])
+    assert (
+        list(built.train[:])
+        == list(reference.train[:])
+        == byte_stream([d for i, d in enumerate(documents) if not is_val_reference(i, 0.25)])
+    )
     assert list(built.val[:]) == list(reference.val[:])
-    assert {k: v for k, v in built.meta.items() if k != "build_seconds"} == {k: v for k, v in reference.meta.items() if k != "build_seconds"}
+    assert {k: v for k, v in built.meta.items() if k != "build_seconds"} == {
+        k: v for k, v in reference.meta.items() if k != "build_seconds"
+    }
     assert [p.name for p in cache_dir.iterdir() if p.name != "hf_datasets"] == [built.directory.name]
 
 
@@ -313,8 +328,12 @@ def test_a_killed_build_process_is_continued_by_the_next_process(tmp_path):
     os.kill(killed.pid, signal.SIGKILL)
     killed.wait()
     assert staging is not None and not list((tmp_path / "cache").glob("*/meta.json"))
-    resumed = subprocess.run([*run, str(tmp_path / "cache"), "0"], cwd=REPO, env=env, capture_output=True, text=True, check=True)
-    whole = subprocess.run([*run, str(tmp_path / "whole"), "0"], cwd=REPO, env=env, capture_output=True, text=True, check=True)
+    resumed = subprocess.run(
+        [*run, str(tmp_path / "cache"), "0"], cwd=REPO, env=env, capture_output=True, text=True, check=True
+    )
+    whole = subprocess.run(
+        [*run, str(tmp_path / "whole"), "0"], cwd=REPO, env=env, capture_output=True, text=True, check=True
+    )
     assert "shards (" in resumed.stderr and "were finished before" in resumed.stderr
     a, b = open_token_cache(resumed.stdout.strip()), open_token_cache(whole.stdout.strip())
     assert list(a.train[:]) == list(b.train[:]) and list(a.val[:]) == list(b.val[:]) and a.meta["shards"] == 12
@@ -424,8 +443,16 @@ def test_lightning_fit_resumed_from_checkpoints_sees_the_uninterrupted_batches(t
 
     def fit(ckpt_path: str | None = None, **trainer_args) -> Recorder:
         trainer = L.Trainer(
-            max_steps=total, max_epochs=-1, logger=False, enable_progress_bar=False, enable_model_summary=False,
-            limit_val_batches=0, accelerator="cpu", devices=1, default_root_dir=tmp_path, **trainer_args,
+            max_steps=total,
+            max_epochs=-1,
+            logger=False,
+            enable_progress_bar=False,
+            enable_model_summary=False,
+            limit_val_batches=0,
+            accelerator="cpu",
+            devices=1,
+            default_root_dir=tmp_path,
+            **trainer_args,
         )
         recorder = Recorder()
         trainer.fit(recorder, datamodule=datamodule(tmp_path, source, **settings), ckpt_path=ckpt_path)
@@ -493,9 +520,17 @@ def test_too_little_data_for_the_packing_names_the_settings(tmp_path):
 )
 def test_bad_settings_fail_early_naming_the_setting(tmp_path, overrides, message):
     (tmp_path / "d.csv").write_text("text\nhello\n")
-    settings = {"source": {"kind": "embedded"}, "tokenizer": {"kind": "byte"}, "cache_dir": str(tmp_path / "cache"),
-                "seq_len": 16, "micro_batch_size": 2, "val_fraction": 0.25, "val_max_rows": None, "shuffle": True,
-                "seed": 0}  # fmt: skip
+    settings = {
+        "source": {"kind": "embedded"},
+        "tokenizer": {"kind": "byte"},
+        "cache_dir": str(tmp_path / "cache"),
+        "seq_len": 16,
+        "micro_batch_size": 2,
+        "val_fraction": 0.25,
+        "val_max_rows": None,
+        "shuffle": True,
+        "seed": 0,
+    }
     settings.update(json.loads(json.dumps(overrides).replace("{tmp}", str(tmp_path))))
     with pytest.raises((ValueError, FileNotFoundError), match=message):
         TextDataModule(**settings)
@@ -537,15 +572,30 @@ def test_prepare_data_script_builds_the_cache_a_run_then_reuses(tmp_path):
     """scripts/prepare_data.py tokenizes on its own (a CPU node's job); a run with the same data
     settings finds the cache complete, and a misspelt key is one line with exit code 2."""
     (tmp_path / "a.txt").write_text("one paragraph\n\nanother one\n" * 200)
-    data_args = ["data=local_files", f"data.source.paths=[{tmp_path / 'a.txt'}]", f"paths.cache_dir={tmp_path / 'cache'}"]
+    data_args = [
+        "data=local_files",
+        f"data.source.paths=[{tmp_path / 'a.txt'}]",
+        f"paths.cache_dir={tmp_path / 'cache'}",
+    ]
     script = [sys.executable, str(REPO / "scripts" / "prepare_data.py")]
     built = subprocess.run([*script, *data_args], capture_output=True, text=True, cwd=REPO)
     assert built.returncode == 0, built.stderr[-2000:]
     (cache,) = (tmp_path / "cache").glob("*/meta.json")
-    module = TextDataModule(source={"kind": "files", "paths": [str(tmp_path / "a.txt")], "sample_by": "paragraph",
-                                    "text_field": "text"}, tokenizer={"kind": "byte"}, seq_len=16, micro_batch_size=1,
-                            val_fraction=0.005, val_max_rows=512, shuffle=True, seed=1234, cache_dir=str(tmp_path / "cache"))  # fmt: skip
+    module = TextDataModule(
+        source={"kind": "files", "paths": [str(tmp_path / "a.txt")], "sample_by": "paragraph", "text_field": "text"},
+        tokenizer={"kind": "byte"},
+        seq_len=16,
+        micro_batch_size=1,
+        val_fraction=0.005,
+        val_max_rows=512,
+        shuffle=True,
+        seed=1234,
+        cache_dir=str(tmp_path / "cache"),
+    )
     assert module.fingerprint == cache.parent.name and module.fingerprint in built.stdout
     wrong = subprocess.run([*script, "data.source.kindd=files"], capture_output=True, text=True, cwd=REPO)
-    assert (wrong.returncode, wrong.stderr.strip()) == (2, "error: data.source.kindd is not a setting; did you mean "
-            "data.source.kind? (`python train.py --cfg job` prints the config and its keys)")  # fmt: skip
+    assert (wrong.returncode, wrong.stderr.strip()) == (
+        2,
+        "error: data.source.kindd is not a setting; did you mean "
+        "data.source.kind? (`python train.py --cfg job` prints the config and its keys)",
+    )

@@ -45,8 +45,15 @@ def good_lines(count: int = 40) -> str:
 
 
 def datamodule(tmp_path: Path, source: dict, **overrides) -> TextDataModule:
-    settings = dict(tokenizer={"kind": "byte"}, seq_len=16, micro_batch_size=2, val_fraction=0.25, val_max_rows=None,
-                    shuffle=True, seed=0)  # fmt: skip
+    settings = dict(
+        tokenizer={"kind": "byte"},
+        seq_len=16,
+        micro_batch_size=2,
+        val_fraction=0.25,
+        val_max_rows=None,
+        shuffle=True,
+        seed=0,
+    )
     settings.update(overrides)
     return TextDataModule(source=source, cache_dir=str(tmp_path / "cache"), **settings)
 
@@ -368,7 +375,10 @@ def test_hydra_composes_every_tokenizer_and_source_key(tmp_path):
     files = compose_data(
         tmp_path, ["data=local_files", f"data.source.paths=[{tmp_path / '*.txt'}]", "data.source.sample_by=line"]
     )
-    assert files.parts[0].source.description["sample_by"] == "line" and files.parts[0].source.description["text_field"] == "text"
+    assert (
+        files.parts[0].source.description["sample_by"] == "line"
+        and files.parts[0].source.description["text_field"] == "text"
+    )
     hub = compose_data(
         tmp_path, ["data=hub", "data.tokenizer.kind=hf", "data.tokenizer.name=x", "data.tokenizer.vocab_size=null"]
     )

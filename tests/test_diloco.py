@@ -30,6 +30,8 @@ DILOCO = TINY + [
 def nesterov(lr: float, momentum: float = 0.9):
     """The default outer optimizer (torch.optim.SGD with Nesterov momentum), as the settings build it."""
     return lambda anchors: torch.optim.SGD(anchors, lr=lr, momentum=momentum, nesterov=momentum > 0)
+
+
 REAL = ["strategy=fsdp2", "strategy.save_distributed_checkpoint=false", "trainer.accelerator=cpu"]
 
 
@@ -61,7 +63,9 @@ def test_compression_rounds_like_its_format():
     assert (quantize(delta, "int8") - delta).abs().max() <= step / 2 + 1e-7
     torch.testing.assert_close(quantize(delta, "bf16"), delta.bfloat16().float())
     two = [delta, delta * 0.5]
-    torch.testing.assert_close(average_in_process(two, "int8"), (quantize(two[0], "int8") + quantize(two[1], "int8")) / 2)
+    torch.testing.assert_close(
+        average_in_process(two, "int8"), (quantize(two[0], "int8") + quantize(two[1], "int8")) / 2
+    )
 
 
 def final_weights(run_dir) -> dict[str, torch.Tensor]:
@@ -84,8 +88,14 @@ def test_one_replica_with_unit_outer_sgd_is_plain_training(tmp_path, tmp_path_fa
     common = TINY + ["batch.micro_batch_size=2", "batch.global_batch_size=4", "trainer.max_steps=4", "logger=none"]
     plain = train(common, tmp_path / "plain", tmp_path_factory)
     diloco = train(
-        DILOCO + ["trainer.max_steps=4", "technique.diloco.replicas=1", "technique.diloco.outer_lr=1.0",
-                  "technique.diloco.outer_optimizer.momentum=0", "technique.diloco.outer_optimizer.nesterov=false"],  # fmt: skip
+        DILOCO
+        + [
+            "trainer.max_steps=4",
+            "technique.diloco.replicas=1",
+            "technique.diloco.outer_lr=1.0",
+            "technique.diloco.outer_optimizer.momentum=0",
+            "technique.diloco.outer_optimizer.nesterov=false",
+        ],
         tmp_path / "diloco",
         tmp_path_factory,
     )
@@ -121,8 +131,12 @@ def fit_weights(tmp_path, overrides, duplicate: bool) -> dict[str, torch.Tensor]
 
 def test_two_replicas_fed_identical_data_equal_one(tmp_path):
     """Same outer lr for both (the default depends on M); 5 global steps: 2 rounds and a partial one."""
-    one = fit_weights(tmp_path / "one", ["technique.diloco.replicas=1", "batch.global_batch_size=2", "trainer.max_steps=5"], False)
-    two = fit_weights(tmp_path / "two", ["technique.diloco.replicas=2", "batch.global_batch_size=4", "trainer.max_steps=10"], True)
+    one = fit_weights(
+        tmp_path / "one", ["technique.diloco.replicas=1", "batch.global_batch_size=2", "trainer.max_steps=5"], False
+    )
+    two = fit_weights(
+        tmp_path / "two", ["technique.diloco.replicas=2", "batch.global_batch_size=4", "trainer.max_steps=10"], True
+    )
     assert_same_weights(two, one, atol=1e-6)
 
 
@@ -180,10 +194,15 @@ def test_resume_mid_round_is_exact(overrides, resume_step, simulated_two_replica
     "overrides, message",
     [
         (["trainer.max_steps=3"], "make it a multiple of technique.diloco.replicas"),
-        (["batch.global_batch_size=6"], "micro_batch_size=2 does not divide each rank's share of the global batch (6 over"
-                                        " 1 data-parallel rank(s) x 2 simulated replicas = 3 sequences)"),  # fmt: skip
-        (["strategy=ddp", "trainer.devices=2", "trainer.accelerator=cpu", "technique.diloco.simulated=false"],
-         "needs strategy=fsdp2"),  # fmt: skip
+        (
+            ["batch.global_batch_size=6"],
+            "micro_batch_size=2 does not divide each rank's share of the global batch (6 over"
+            " 1 data-parallel rank(s) x 2 simulated replicas = 3 sequences)",
+        ),
+        (
+            ["strategy=ddp", "trainer.devices=2", "trainer.accelerator=cpu", "technique.diloco.simulated=false"],
+            "needs strategy=fsdp2",
+        ),
         (["technique.diloco.compression=fp8"], "compression='fp8' is unknown"),
         (["technique.diloco.outer_optimizer._target_=torch.optim.Nope"], "is not a torch.optim optimizer class"),
         (["technique.diloco.outer_optimizer.momentum=abc"], "technique.diloco.outer_optimizer"),

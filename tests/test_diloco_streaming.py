@@ -34,13 +34,22 @@ def initial_weights() -> list[torch.Tensor]:
     return [torch.randn(shape, generator=generator, dtype=torch.float64) for shape in SHAPES]
 
 
-def run_engine(replicas: int, steps: int, sync_every: int, fragments: list[list[int]], delay: int, alpha: float,
-               lr: float = 0.7, momentum: float = 0.9) -> list[list[torch.Tensor]]:  # fmt: skip
+def run_engine(
+    replicas: int,
+    steps: int,
+    sync_every: int,
+    fragments: list[list[int]],
+    delay: int,
+    alpha: float,
+    lr: float = 0.7,
+    momentum: float = 0.9,
+) -> list[list[torch.Tensor]]:
     weights = [[w.clone() for w in initial_weights()] for _ in range(replicas)]
     anchors = [w.clone() for w in initial_weights()]
     outer = OuterStep(anchors, lambda a: torch.optim.SGD(a, lr=lr, momentum=momentum, nesterov=True))
-    sync = FragmentSync(weights, fragments, outer, sync_every, delay, alpha, "none", None,
-                        norm=lambda indices, deltas: torch.zeros(()))  # fmt: skip
+    sync = FragmentSync(
+        weights, fragments, outer, sync_every, delay, alpha, "none", None, norm=lambda indices, deltas: torch.zeros(())
+    )
     for step in range(1, steps + 1):
         for replica, replica_weights in enumerate(weights):
             for index, weight in enumerate(replica_weights):
@@ -66,8 +75,16 @@ def classic_reference(replicas: int, steps: int, sync_every: int, lr: float = 0.
     return weights
 
 
-def streaming_reference(replicas: int, steps: int, sync_every: int, groups: list[list[int]], delay: int,
-                        alpha: float, lr: float = 0.7, momentum: float = 0.9):  # fmt: skip
+def streaming_reference(
+    replicas: int,
+    steps: int,
+    sync_every: int,
+    groups: list[list[int]],
+    delay: int,
+    alpha: float,
+    lr: float = 0.7,
+    momentum: float = 0.9,
+):
     """Douillard et al. 2025 as stated: fragment p starts its exchange after steps t with
     t mod H = (p + 1) H / P mod H, the averaged delta arrives tau steps later, the outer
     Nesterov step moves that fragment's anchor, and the replicas take
@@ -83,7 +100,9 @@ def streaming_reference(replicas: int, steps: int, sync_every: int, groups: list
                 weight.add_(inner_update(step, replica, index, weight.shape))
         for p, offset in enumerate(offsets):
             if step % sync_every == offset:
-                pending.append((step + delay, p, [sum(anchor[i] - w[i] for w in weights) / replicas for i in groups[p]]))
+                pending.append(
+                    (step + delay, p, [sum(anchor[i] - w[i] for w in weights) / replicas for i in groups[p]])
+                )
         for arrival, p, delta in [entry for entry in pending if entry[0] <= step]:
             for i, d in zip(groups[p], delta):
                 buffers[i] = d if i not in buffers else momentum * buffers[i] + d
@@ -114,10 +133,19 @@ def test_streaming_fragments_follow_the_paper(fragments, delay, alpha):
 
 
 def test_fragments_are_contiguous_blocks_with_the_embedding_first_and_the_head_last():
-    names = ["tok_embeddings.weight", *(f"layers.{b}.attention.q_proj.weight" for b in range(4)), "norm.weight",
-             "output.weight"]  # fmt: skip
+    names = [
+        "tok_embeddings.weight",
+        *(f"layers.{b}.attention.q_proj.weight" for b in range(4)),
+        "norm.weight",
+        "output.weight",
+    ]
     assert split_parameters(names, n_layers=4, fragments=2) == [[0, 1, 2], [3, 4, 5, 6]]
-    assert split_parameters(["_orig_mod.layers.3._checkpoint_wrapped_module.mlp.up_proj.weight"], 4, 4) == [[], [], [], [0]]
+    assert split_parameters(["_orig_mod.layers.3._checkpoint_wrapped_module.mlp.up_proj.weight"], 4, 4) == [
+        [],
+        [],
+        [],
+        [0],
+    ]
     # H = 30, P = 3: syncs after steps 10, 20, 30 (and every 30 after), the last fragment on the round.
     assert [fragments_due(t, 30, 3) for t in (10, 20, 30, 40, 15)] == [[0], [1], [2], [0], []]
 
@@ -182,8 +210,11 @@ def test_resume_with_a_fragment_in_flight_is_exact(simulated, tmp_path, tmp_path
     checkpoint = run_dir / "checkpoints" / "step000004.ckpt"
     saved = torch.load(checkpoint, map_location="cpu", weights_only=False)["diloco_ranks"][0]["sync"]["in_flight"]
     assert [(fragment, merge_after) for fragment, merge_after, _ in saved] == [(0, 3)]
-    resumed = train(STREAMING + ["trainer.max_steps=16", "logger=none", f"ckpt_path={checkpoint}"], tmp_path / "resumed",
-                    tmp_path_factory)  # fmt: skip
+    resumed = train(
+        STREAMING + ["trainer.max_steps=16", "logger=none", f"ckpt_path={checkpoint}"],
+        tmp_path / "resumed",
+        tmp_path_factory,
+    )
     for name, value in weights.items():
         assert torch.equal(resumed[name], value), name
 
@@ -194,9 +225,21 @@ PEERS_DELTA = [0.05 * torch.ones(shape, dtype=torch.float64) for shape in SHAPES
 def one_group(exchange: Exchange, moved: float = 0.3) -> tuple[FragmentSync, list[torch.Tensor]]:
     """One torchft group's outer loop whose averages come back as ``exchange``, its weights moved off the anchors."""
     weights = [[w + moved for w in initial_weights()]]
-    outer = OuterStep([w.clone() for w in initial_weights()], lambda a: torch.optim.SGD(a, lr=0.7, momentum=0.9, nesterov=True))
-    sync = FragmentSync(weights, [list(range(len(SHAPES)))], outer, 4, 0, 0.0, "none", None,
-                        norm=lambda indices, deltas: torch.zeros(()), average=lambda deltas, final, ends: exchange)  # fmt: skip
+    outer = OuterStep(
+        [w.clone() for w in initial_weights()], lambda a: torch.optim.SGD(a, lr=0.7, momentum=0.9, nesterov=True)
+    )
+    sync = FragmentSync(
+        weights,
+        [list(range(len(SHAPES)))],
+        outer,
+        4,
+        0,
+        0.0,
+        "none",
+        None,
+        norm=lambda indices, deltas: torch.zeros(()),
+        average=lambda deltas, final, ends: exchange,
+    )
     return sync, weights[0]
 
 

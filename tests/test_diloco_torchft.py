@@ -25,8 +25,15 @@ from common.errors import ConfigError
 from settings.from_config import read_settings
 from tests.run_helpers import TINY, checkpoint_weights, compose_config, run_train
 
-DILOCO = [*TINY, "+technique=diloco", "batch.micro_batch_size=2", "batch.global_batch_size=4", "technique.diloco.sync_every=2",
-          "logger=csv", "callbacks.validation_schedule.every_n_steps=1000"]  # fmt: skip
+DILOCO = [
+    *TINY,
+    "+technique=diloco",
+    "batch.micro_batch_size=2",
+    "batch.global_batch_size=4",
+    "technique.diloco.sync_every=2",
+    "logger=csv",
+    "callbacks.validation_schedule.every_n_steps=1000",
+]
 ATOL = 1e-5  # as today's real-against-simulated DiLoCo test: float reduction order only
 
 
@@ -39,7 +46,6 @@ def group(lighthouse: Lighthouse, index: int, folder: Path, cache: Path, *extra:
 def finish(process: subprocess.Popen, timeout: float = 240) -> str:
     process.wait(timeout=timeout)
     return log_of(Path(process.args[2].split("=", 1)[1]))
-
 
 
 def corpus_copies(folder: Path) -> list[Path]:
@@ -60,17 +66,39 @@ def test_without_a_failure_the_groups_take_the_same_steps_as_real_replicas(tmp_p
     cache = tmp_path_factory.getbasetemp() / "cache"
     copies = corpus_copies(tmp_path)
     steps = ["trainer.max_steps=4", "data=local_files"]
-    real = run_train([*DILOCO, *steps, f"data.source.paths=[{copies[0]}]", "strategy=fsdp2", "strategy.save_distributed_checkpoint=false",
-                      "trainer.accelerator=cpu", "trainer.devices=2"], tmp_path / "real", cache)  # fmt: skip
+    real = run_train(
+        [
+            *DILOCO,
+            *steps,
+            f"data.source.paths=[{copies[0]}]",
+            "strategy=fsdp2",
+            "strategy.save_distributed_checkpoint=false",
+            "trainer.accelerator=cpu",
+            "trainer.devices=2",
+        ],
+        tmp_path / "real",
+        cache,
+    )
     assert real.returncode == 0, real.stderr[-3000:]
     with Lighthouse(min_replicas=2) as lighthouse:  # both groups in every quorum
-        groups = [group(lighthouse, g, tmp_path / f"group{g}", cache, *steps, f"data.source.paths=[{copies[g]}]") for g in (0, 1)]
+        groups = [
+            group(lighthouse, g, tmp_path / f"group{g}", cache, *steps, f"data.source.paths=[{copies[g]}]")
+            for g in (0, 1)
+        ]
         logs = [finish(process) for process in groups]
         # Requeued after the run finished (as SLURM may), its budget the 4 steps' 512 tokens:
         # nothing to train, and no quorum to wait for (its peer is gone).
-        late = group(lighthouse, 0, tmp_path / "group0_again", cache, "trainer.max_steps=100", "token_budget=512",
-                     "data=local_files", f"data.source.paths=[{copies[0]}]",
-                     f"ckpt_path={tmp_path / 'group0' / 'checkpoints' / 'last.ckpt'}")  # fmt: skip
+        late = group(
+            lighthouse,
+            0,
+            tmp_path / "group0_again",
+            cache,
+            "trainer.max_steps=100",
+            "token_budget=512",
+            "data=local_files",
+            f"data.source.paths=[{copies[0]}]",
+            f"ckpt_path={tmp_path / 'group0' / 'checkpoints' / 'last.ckpt'}",
+        )
         late_log = finish(late, timeout=120)
     assert late.returncode == 0 and "nothing left to train" in late_log, late_log[-3000:]
     assert "quorum" not in late_log.replace("left the torchft quorum", "")
@@ -95,8 +123,14 @@ def test_a_killed_group_leaves_the_other_training_and_a_restarted_one_rejoins(tm
     # 120 global steps of 4 sequences x 32 tokens: the token budget, summed over the groups.
     # min_groups=1: a lone survivor commits its rounds (the default, a majority of M = 2, would
     # discard them until its peer is back).
-    run = ["token_budget=15360", "technique.diloco.sync_every=8", "callbacks.model_checkpoint.every_n_train_steps=8",
-           "technique.diloco.torchft.min_groups=1", "+callbacks.pace._target_=benchmarks.pace.Pace", "+callbacks.pace.seconds=0.15"]  # fmt: skip
+    run = [
+        "token_budget=15360",
+        "technique.diloco.sync_every=8",
+        "callbacks.model_checkpoint.every_n_train_steps=8",
+        "technique.diloco.torchft.min_groups=1",
+        "+callbacks.pace._target_=benchmarks.pace.Pace",
+        "+callbacks.pace.seconds=0.15",
+    ]
     with Lighthouse(min_replicas=1) as lighthouse:
         survivor = group(lighthouse, 0, tmp_path / "group0", cache, *run)
         victim = group(lighthouse, 1, tmp_path / "group1", cache, *run)
@@ -117,7 +151,9 @@ def test_a_killed_group_leaves_the_other_training_and_a_restarted_one_rejoins(tm
     # Both reach the token budget and end on the same weights (the final sync averages them).
     for name in ("group0", "group1_restarted"):
         assert metric(tmp_path / name, "train/tokens_seen")[-1] == 15360 and metric(tmp_path / name, "step")[-1] == 120
-    final = [checkpoint_weights(tmp_path / name / "checkpoints" / "last.ckpt") for name in ("group0", "group1_restarted")]
+    final = [
+        checkpoint_weights(tmp_path / name / "checkpoints" / "last.ckpt") for name in ("group0", "group1_restarted")
+    ]
     for name, value in final[0].items():
         torch.testing.assert_close(final[1][name], value, rtol=0, atol=1e-6, msg=name)
     for saved in (tmp_path / "group0" / "checkpoints").glob("*.ckpt"):
@@ -133,11 +169,15 @@ def test_a_killed_group_leaves_the_other_training_and_a_restarted_one_rejoins(tm
         ("technique.diloco.sync_every=4", "technique.diloco.sync_every", ("2", "4")),
     ],
 )
-def test_groups_with_different_settings_refuse_to_train_naming_the_key(tmp_path, tmp_path_factory, other, key, values) -> None:
+def test_groups_with_different_settings_refuse_to_train_naming_the_key(
+    tmp_path, tmp_path_factory, other, key, values
+) -> None:
     cache = tmp_path_factory.getbasetemp() / "cache"
     with Lighthouse(min_replicas=2) as lighthouse:
-        groups = [group(lighthouse, 0, tmp_path / "group0", cache, "trainer.max_steps=4", "seed=1"),
-                  group(lighthouse, 1, tmp_path / "group1", cache, "trainer.max_steps=4", "seed=1", other)]  # fmt: skip
+        groups = [
+            group(lighthouse, 0, tmp_path / "group0", cache, "trainer.max_steps=4", "seed=1"),
+            group(lighthouse, 1, tmp_path / "group1", cache, "trainer.max_steps=4", "seed=1", other),
+        ]
         logs = [finish(process) for process in groups]
     for index, (process, log) in enumerate(zip(groups, logs)):
         mine, theirs = values if index == 0 else values[::-1]
@@ -152,8 +192,16 @@ def test_groups_with_different_settings_refuse_to_train_naming_the_key(tmp_path,
 def test_an_unreachable_lighthouse_is_one_line_within_seconds(tmp_path, tmp_path_factory) -> None:
     address = f"http://127.0.0.1:{free_port()}"  # nothing listens there
     started = time.monotonic()
-    result = run_train([*DILOCO, "trainer.max_steps=4", "technique.diloco.backend=torchft", f"technique.diloco.torchft.lighthouse={address}"],
-                       tmp_path / "run", tmp_path_factory.getbasetemp() / "cache")  # fmt: skip
+    result = run_train(
+        [
+            *DILOCO,
+            "trainer.max_steps=4",
+            "technique.diloco.backend=torchft",
+            f"technique.diloco.torchft.lighthouse={address}",
+        ],
+        tmp_path / "run",
+        tmp_path_factory.getbasetemp() / "cache",
+    )
     assert result.returncode == 2 and time.monotonic() - started < 30
     assert result.stderr.strip().splitlines() == [
         f"error: technique.diloco.torchft.lighthouse={address} cannot be reached (Connection refused);"
@@ -162,10 +210,22 @@ def test_an_unreachable_lighthouse_is_one_line_within_seconds(tmp_path, tmp_path
     assert not (tmp_path / "run").exists()
 
 
-@pytest.mark.parametrize("address", ["http://127.0.0.1:99999", "127.0.0.1:29510", "localhost", "http://:29510", "http://127.0.0.1:port",
-                                     "ftp://127.0.0.1:29510", "http://127.0.0.1:29510/path"])  # fmt: skip
+@pytest.mark.parametrize(
+    "address",
+    [
+        "http://127.0.0.1:99999",
+        "127.0.0.1:29510",
+        "localhost",
+        "http://:29510",
+        "http://127.0.0.1:port",
+        "ftp://127.0.0.1:29510",
+        "http://127.0.0.1:29510/path",
+    ],
+)
 def test_a_malformed_lighthouse_address_is_one_line(tmp_path, address: str) -> None:
-    cfg = compose_config([*DILOCO, "technique.diloco.backend=torchft", f"technique.diloco.torchft.lighthouse='{address}'"], tmp_path)
+    cfg = compose_config(
+        [*DILOCO, "technique.diloco.backend=torchft", f"technique.diloco.torchft.lighthouse='{address}'"], tmp_path
+    )
     with pytest.raises(ConfigError) as error:
         read_settings(cfg, processes=1)
     assert str(error.value) == (
@@ -187,8 +247,14 @@ def test_a_group_that_finds_no_quorum_stops_in_one_line_instead_of_training_alon
     its budget and left): within quorum_timeout_s, one line and exit 2, no step trained."""
     cache = tmp_path_factory.getbasetemp() / "cache"
     with Lighthouse(min_replicas=2) as lighthouse:
-        alone = group(lighthouse, 0, tmp_path / "group0", cache, "trainer.max_steps=4",
-                      "technique.diloco.torchft.quorum_timeout_s=3")  # fmt: skip
+        alone = group(
+            lighthouse,
+            0,
+            tmp_path / "group0",
+            cache,
+            "trainer.max_steps=4",
+            "technique.diloco.torchft.quorum_timeout_s=3",
+        )
         log = finish(alone, timeout=120)
     assert alone.returncode == 2, log[-3000:]
     errors = [line for line in log.splitlines() if line.startswith("error: ")]
@@ -201,24 +267,39 @@ def test_a_group_that_finds_no_quorum_stops_in_one_line_instead_of_training_alon
     [
         ("technique.diloco.torchft.group=2", "technique.diloco.torchft.group=2 must be in [0, replicas=2)."),
         ("technique.diloco.torchft.group=-1", "technique.diloco.torchft.group=-1 must be in [0, replicas=2)."),
-        ("technique.diloco.torchft.min_groups=3",
-         "technique.diloco.torchft.min_groups=3 must be in [1, replicas=2] (null: a majority of the groups)."),
-        ("technique.diloco.torchft.min_groups=0",
-         "technique.diloco.torchft.min_groups=0 must be in [1, replicas=2] (null: a majority of the groups)."),
+        (
+            "technique.diloco.torchft.min_groups=3",
+            "technique.diloco.torchft.min_groups=3 must be in [1, replicas=2] (null: a majority of the groups).",
+        ),
+        (
+            "technique.diloco.torchft.min_groups=0",
+            "technique.diloco.torchft.min_groups=0 must be in [1, replicas=2] (null: a majority of the groups).",
+        ),
     ],
-)  # fmt: skip
+)
 def test_a_group_index_or_min_groups_outside_the_replicas_is_one_line(tmp_path, override: str, message: str) -> None:
-    cfg = compose_config([*DILOCO, "technique.diloco.backend=torchft", "technique.diloco.torchft.lighthouse=http://127.0.0.1:29510",
-                          override], tmp_path)  # fmt: skip
+    cfg = compose_config(
+        [
+            *DILOCO,
+            "technique.diloco.backend=torchft",
+            "technique.diloco.torchft.lighthouse=http://127.0.0.1:29510",
+            override,
+        ],
+        tmp_path,
+    )
     with pytest.raises(ConfigError) as error:
         read_settings(cfg, processes=1)
     assert str(error.value) == message
 
 
-@pytest.mark.parametrize(("lighthouse", "loopback"), [("http://127.0.0.1:29510", True), ("http://localhost:29510", True),
-                                                      ("http://head-node:29510", False)])  # fmt: skip
+@pytest.mark.parametrize(
+    ("lighthouse", "loopback"),
+    [("http://127.0.0.1:29510", True), ("http://localhost:29510", True), ("http://head-node:29510", False)],
+)
 def test_a_group_on_a_loopback_lighthouse_is_reached_on_loopback(tmp_path, lighthouse: str, loopback: bool) -> None:
-    cfg = compose_config([*DILOCO, "technique.diloco.backend=torchft", f"technique.diloco.torchft.lighthouse={lighthouse}"], tmp_path)
+    cfg = compose_config(
+        [*DILOCO, "technique.diloco.backend=torchft", f"technique.diloco.torchft.lighthouse={lighthouse}"], tmp_path
+    )
     settings = read_settings(cfg, processes=1).techniques["diloco"].torchft
     assert settings.reachable_host() == ("127.0.0.1" if loopback else socket.gethostname())
 
@@ -230,7 +311,9 @@ def test_the_group_store_listens_only_on_its_host() -> None:
     client = TCPStore("127.0.0.1", store.port, is_master=False, timeout=timedelta(seconds=5))
     client.set("key", "value")
     assert store.get("key") == b"value" and store.port == listener.getsockname()[1]
-    others = {address for *_, (address, *_) in socket.getaddrinfo(socket.gethostname(), None, socket.AF_INET)} - {"127.0.0.1"}
+    others = {address for *_, (address, *_) in socket.getaddrinfo(socket.gethostname(), None, socket.AF_INET)} - {
+        "127.0.0.1"
+    }
     others |= {"127.0.0.2"}  # another loopback address: the bind is to the one address, not the interface
     for address in others:
         with pytest.raises(OSError):

@@ -16,9 +16,17 @@ from common.errors import STALE_WEIGHTS_EXIT
 from lightning_modules.training_state import WEIGHTS_NOTE
 from tests.run_helpers import REPO, TINY, checkpoint_weights, run_train
 
-GROUPS = [*TINY, "+technique=diloco", "batch.micro_batch_size=2", "logger=csv", "callbacks.validation_schedule.every_n_steps=100000",
-          "technique.diloco.torchft.timeout_s=10", "technique.diloco.torchft.quorum_timeout_s=60",
-          "technique.diloco.torchft.per_group_keys=[callbacks.pace]", "+callbacks.pace._target_=benchmarks.pace.Pace"]  # fmt: skip
+GROUPS = [
+    *TINY,
+    "+technique=diloco",
+    "batch.micro_batch_size=2",
+    "logger=csv",
+    "callbacks.validation_schedule.every_n_steps=100000",
+    "technique.diloco.torchft.timeout_s=10",
+    "technique.diloco.torchft.quorum_timeout_s=60",
+    "technique.diloco.torchft.per_group_keys=[callbacks.pace]",
+    "+callbacks.pace._target_=benchmarks.pace.Pace",
+]
 
 
 def paced(seconds: float) -> str:
@@ -35,9 +43,18 @@ def test_a_mistaken_restart_is_refused_alone_and_the_run_goes_on(tmp_path, tmp_p
     refused in one line, and group 0 ends exactly as a run in which it never appeared."""
     cache = tmp_path_factory.getbasetemp() / "cache"
     # A new run's first quorum waits quorum_timeout_s for every group: 5 s, then group 0 goes on alone.
-    run = [*GROUPS, "technique.diloco.replicas=2", "technique.diloco.torchft.min_groups=1", "batch.global_batch_size=4",
-           "technique.diloco.sync_every=2", "trainer.max_steps=100", "seed=1", paced(0.2),
-           "technique.diloco.torchft.quorum_timeout_s=5", "callbacks.model_checkpoint.every_n_train_steps=10"]  # fmt: skip
+    run = [
+        *GROUPS,
+        "technique.diloco.replicas=2",
+        "technique.diloco.torchft.min_groups=1",
+        "batch.global_batch_size=4",
+        "technique.diloco.sync_every=2",
+        "trainer.max_steps=100",
+        "seed=1",
+        paced(0.2),
+        "technique.diloco.torchft.quorum_timeout_s=5",
+        "callbacks.model_checkpoint.every_n_train_steps=10",
+    ]
     with Lighthouse(min_replicas=1) as alone, Lighthouse(min_replicas=1) as lighthouse:
         reference = start_group(alone, 0, tmp_path / "reference", cache, run)
         healthy = start_group(lighthouse, 0, tmp_path / "group0", cache, run)
@@ -47,17 +64,24 @@ def test_a_mistaken_restart_is_refused_alone_and_the_run_goes_on(tmp_path, tmp_p
             time.sleep(0.2)
         assert checkpoint.exists(), log_of(tmp_path / "group0")[-3000:]
         mistaken = start_group(lighthouse, 1, tmp_path / "group1", cache, [*run, "seed=2"])
-        logs = {name: wait(process, tmp_path / name) for name, process in
-                (("group1", mistaken), ("group0", healthy), ("reference", reference))}  # fmt: skip
+        logs = {
+            name: wait(process, tmp_path / name)
+            for name, process in (("group1", mistaken), ("group0", healthy), ("reference", reference))
+        }
     assert mistaken.returncode == 2, logs["group1"][-3000:]
     assert last_own_line(logs["group1"]) == (
         "error: the DiLoCo replica groups run with different settings: data.seed is 2 in group 1 and 1 in group 0;"
         " start every group with the same overrides but technique.diloco.torchft.group."
     )
     assert healthy.returncode == 0 and reference.returncode == 0, logs["group0"][-3000:]
-    assert "replica group 1 was refused, its settings not the run's: data.seed is 2 in group 1 and 1 in group 0" in logs["group0"]
+    assert (
+        "replica group 1 was refused, its settings not the run's: data.seed is 2 in group 1 and 1 in group 0"
+        in logs["group0"]
+    )
     assert "round discarded" not in logs["group0"]
-    final, expected = (checkpoint_weights(tmp_path / name / "checkpoints" / "last.ckpt") for name in ("group0", "reference"))
+    final, expected = (
+        checkpoint_weights(tmp_path / name / "checkpoints" / "last.ckpt") for name in ("group0", "reference")
+    )
     for name, value in expected.items():
         torch.testing.assert_close(final[name], value, rtol=0, atol=0, msg=name)
 
@@ -70,12 +94,20 @@ def test_a_straggler_ends_behind_in_one_line_or_on_the_final_weights(tmp_path, t
     its model trained on."""
     cache = tmp_path_factory.getbasetemp() / "cache"
     steps = 24
-    run = [*GROUPS, "technique.diloco.replicas=3", "batch.global_batch_size=6", "technique.diloco.sync_every=4",
-           f"token_budget={steps * 6 * 32}", "technique.diloco.torchft.warn_after_rounds=1"]  # fmt: skip
+    run = [
+        *GROUPS,
+        "technique.diloco.replicas=3",
+        "batch.global_batch_size=6",
+        "technique.diloco.sync_every=4",
+        f"token_budget={steps * 6 * 32}",
+        "technique.diloco.torchft.warn_after_rounds=1",
+    ]
     folders = [tmp_path / f"group{g}" for g in range(3)]
     with Lighthouse(min_replicas=1) as lighthouse:
-        processes = [start_group(lighthouse, g, folders[g], cache, [*run, paced(0.05 * (slowdown if g == 2 else 1))])
-                     for g in range(3)]  # fmt: skip
+        processes = [
+            start_group(lighthouse, g, folders[g], cache, [*run, paced(0.05 * (slowdown if g == 2 else 1))])
+            for g in range(3)
+        ]
         logs = [wait(process, folder) for process, folder in zip(processes, folders)]
     codes = [process.returncode for process in processes]
     assert codes[:2] == [0, 0], logs[:2]
@@ -90,8 +122,11 @@ def test_a_straggler_ends_behind_in_one_line_or_on_the_final_weights(tmp_path, t
         assert codes[2] == STALE_WEIGHTS_EXIT, logs[2][-3000:]
         assert last_own_line(logs[2]).startswith("error: replica group 2 ended ")
         assert "behind the run (its last rounds discarded: 1 group(s) joined it, fewer than min_groups=2)" in logs[2]
-        assert re.search(r"replica group 2 has committed none of its last 1 round\(s\) \(1 group\(s\) joined it, fewer than"
-                         r" min_groups=2\): it takes [\d.]+ s per global step, its peers ([\d.]+ s|not known)", logs[2])
+        assert re.search(
+            r"replica group 2 has committed none of its last 1 round\(s\) \(1 group\(s\) joined it, fewer than"
+            r" min_groups=2\): it takes [\d.]+ s per global step, its peers ([\d.]+ s|not known)",
+            logs[2],
+        )
         assert "ended behind the run at step" in logs[2] and "finished at step" not in logs[2]
         assert "a quorum formed with 1 replica group(s), fewer than min_groups=2" in logs[2]
         saved = torch.load(folders[2] / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
@@ -106,7 +141,9 @@ def test_the_scripts_refuse_weights_that_are_not_the_run_s(tmp_path, tmp_path_fa
     """A checkpoint whose weights_note is set: export and evaluation refuse it in one line
     (exit 2) unless told to use it anyway."""
     folder = tmp_path / "run"
-    result = run_train([*TINY, "trainer.max_steps=2", "data.val_fraction=0.02"], folder, tmp_path_factory.getbasetemp() / "cache")
+    result = run_train(
+        [*TINY, "trainer.max_steps=2", "data.val_fraction=0.02"], folder, tmp_path_factory.getbasetemp() / "cache"
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     checkpoint = torch.load(folder / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
     checkpoint[WEIGHTS_NOTE] = "replica group 2 ended 3 round(s) behind the run"

@@ -11,10 +11,19 @@ from tests.run_helpers import TINY, checkpoint_weights, run_train
 
 SYNC_EVERY = 4
 #: 3 groups of 2 sequences per global step, H = 4; checkpoints every round.
-THREE_GROUPS = [*TINY, "+technique=diloco", "technique.diloco.replicas=3", "batch.micro_batch_size=2", "batch.global_batch_size=6",
-                f"technique.diloco.sync_every={SYNC_EVERY}", "logger=csv", "callbacks.validation_schedule.every_n_steps=100000",
-                f"callbacks.model_checkpoint.every_n_train_steps={SYNC_EVERY}", "technique.diloco.torchft.timeout_s=10",
-                "technique.diloco.torchft.quorum_timeout_s=120"]  # fmt: skip
+THREE_GROUPS = [
+    *TINY,
+    "+technique=diloco",
+    "technique.diloco.replicas=3",
+    "batch.micro_batch_size=2",
+    "batch.global_batch_size=6",
+    f"technique.diloco.sync_every={SYNC_EVERY}",
+    "logger=csv",
+    "callbacks.validation_schedule.every_n_steps=100000",
+    f"callbacks.model_checkpoint.every_n_train_steps={SYNC_EVERY}",
+    "technique.diloco.torchft.timeout_s=10",
+    "technique.diloco.torchft.quorum_timeout_s=120",
+]
 STEPS = 480
 BUDGET = [f"token_budget={STEPS * 6 * 32}"]  # global steps x sequences x tokens
 
@@ -23,8 +32,11 @@ BUDGET = [f"token_budget={STEPS * 6 * 32}"]  # global steps x sequences x tokens
 def reference(tmp_path_factory) -> dict[int, list[str]]:
     """The rows each global step reads in one uninterrupted job (M = 1, the same data)."""
     folder = tmp_path_factory.mktemp("reference") / "run"
-    result = run_train([*THREE_GROUPS, *BUDGET, "technique.diloco.replicas=1", *row_log(folder)], folder,
-                       tmp_path_factory.getbasetemp() / "cache")  # fmt: skip
+    result = run_train(
+        [*THREE_GROUPS, *BUDGET, "technique.diloco.replicas=1", *row_log(folder)],
+        folder,
+        tmp_path_factory.getbasetemp() / "cache",
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     return rows(folder)
 
@@ -37,11 +49,15 @@ def assert_rows_are_the_groups_slices(reference: dict[int, list[str]], runs: dic
         for step, hashes in steps.items():
             assert len(hashes) == 2 and set(hashes) <= set(reference[step]), f"group {g} step {step}"
             for other, their in trained.items():
-                assert other == g or not set(hashes) & set(their.get(step, [])), f"groups {g} and {other} at step {step}"
+                assert other == g or not set(hashes) & set(their.get(step, [])), (
+                    f"groups {g} and {other} at step {step}"
+                )
     return {g: set(steps) for g, steps in trained.items()}
 
 
-def test_a_straggler_is_left_out_of_rounds_and_healed_without_costing_the_others(tmp_path, tmp_path_factory, reference) -> None:
+def test_a_straggler_is_left_out_of_rounds_and_healed_without_costing_the_others(
+    tmp_path, tmp_path_factory, reference
+) -> None:
     """The groups take 0.1 s a step, but group 2 takes 1 s from step 9 to 16 (a round of it
     outlasts several of the others'): the lighthouse forms the fast groups' quorums without it past its join timeout,
     their rounds commit, and the straggler heals at a later sync, its clock and data moved to
@@ -50,12 +66,24 @@ def test_a_straggler_is_left_out_of_rounds_and_healed_without_costing_the_others
     steps = 96
     budget = [f"token_budget={steps * 6 * 32}"]
     pace = ["+callbacks.pace._target_=benchmarks.pace.Pace", "+callbacks.pace.seconds=0.1"]
-    slow = ["+callbacks.pace._target_=benchmarks.pace.Pace", "+callbacks.pace.seconds=1.0", "+callbacks.pace.from_step=8",
-            "+callbacks.pace.to_step=16"]  # fmt: skip
+    slow = [
+        "+callbacks.pace._target_=benchmarks.pace.Pace",
+        "+callbacks.pace.seconds=1.0",
+        "+callbacks.pace.from_step=8",
+        "+callbacks.pace.to_step=16",
+    ]
     folders = {g: tmp_path / f"group{g}" for g in range(3)}
     with Lighthouse(min_replicas=2) as lighthouse:
-        processes = [start_group(lighthouse, g, folders[g], cache, [*THREE_GROUPS, *budget, *row_log(folders[g]), *(slow if g == 2 else pace)])
-                     for g in range(3)]  # fmt: skip
+        processes = [
+            start_group(
+                lighthouse,
+                g,
+                folders[g],
+                cache,
+                [*THREE_GROUPS, *budget, *row_log(folders[g]), *(slow if g == 2 else pace)],
+            )
+            for g in range(3)
+        ]
         codes = [process.wait(timeout=400) for process in processes]
     assert codes == [0, 0, 0], [log_of(folder)[-3000:] for folder in folders.values()]
     assert REJOINED in log_of(folders[2])
@@ -63,8 +91,10 @@ def test_a_straggler_is_left_out_of_rounds_and_healed_without_costing_the_others
         assert "round discarded" not in log_of(folders[g]) and REJOINED not in log_of(folders[g])
         assert 2.0 in metric(folders[g], "diloco/groups")  # rounds averaged without the straggler
     rounds = {g: metric(folders[g], "diloco/groups") for g in range(3)}
-    print(f"rounds averaged per group {[len(r) for r in rounds.values()]}, by groups present {rounds[0]};"
-          f" group 2 healed {log_of(folders[2]).count(REJOINED)} times")  # fmt: skip
+    print(
+        f"rounds averaged per group {[len(r) for r in rounds.values()]}, by groups present {rounds[0]};"
+        f" group 2 healed {log_of(folders[2]).count(REJOINED)} times"
+    )
     trained = assert_rows_are_the_groups_slices(reference, folders)
     assert trained[0] == trained[1] == set(range(1, steps + 1))
     skipped = set(range(1, steps + 1)) - trained[2]
@@ -86,8 +116,18 @@ def test_a_chaos_run_of_repeated_kills_ends_synced_on_the_right_rows(tmp_path, t
     It takes about a minute; the limit leaves room for one restarted group whose first quorum
     flaps until torchft's quorum timeout (120 s): seen once in a loaded CI run (2026-11-27),
     after which the group rejoined and trained on."""
-    result = run_chaos(tmp_path / "chaos", tmp_path_factory.getbasetemp() / "cache", [*THREE_GROUPS, *BUDGET], reference,
-                       groups=3, kills=6, sync_every=SYNC_EVERY, pace_s=0.15, seed=0, timeout_s=320)  # fmt: skip
+    result = run_chaos(
+        tmp_path / "chaos",
+        tmp_path_factory.getbasetemp() / "cache",
+        [*THREE_GROUPS, *BUDGET],
+        reference,
+        groups=3,
+        kills=6,
+        sync_every=SYNC_EVERY,
+        pace_s=0.15,
+        seed=0,
+        timeout_s=320,
+    )
     print(result)
     assert result.exit_codes == [0, 0, 0], result
     assert result.kills == 6 and result.restarts_from_checkpoint >= 1, result

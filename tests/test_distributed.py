@@ -44,8 +44,16 @@ def test_two_processes_match_one(strategy, single_process_weights, tmp_path, tmp
 def test_fsdp2_sharded_checkpoint_resumes_exactly(tmp_path, tmp_path_factory):
     """Each rank writes its shard; resuming from step 2 of 4 ends on the same weights."""
     cache = tmp_path_factory.getbasetemp() / "cache"
-    fsdp2 = TINY + STEPS + ["strategy=fsdp2", "trainer.devices=2", "trainer.accelerator=cpu",
-                            "callbacks.model_checkpoint.every_n_train_steps=2"]
+    fsdp2 = (
+        TINY
+        + STEPS
+        + [
+            "strategy=fsdp2",
+            "trainer.devices=2",
+            "trainer.accelerator=cpu",
+            "callbacks.model_checkpoint.every_n_train_steps=2",
+        ]
+    )
     full = run_train(fsdp2, tmp_path / "full", cache)
     assert full.returncode == 0, full.stderr[-3000:]
     resumed = run_train(

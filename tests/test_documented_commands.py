@@ -26,7 +26,11 @@ from tests.run_helpers import REPO, run_train, train_in_process
 DOCUMENTS = [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md"))]
 PARSER = OverridesParser.create()
 # Stand-ins for what a reader fills in: a run's time stamp, a folder of their own.
-PLACEHOLDERS = {"<time>": "2026-01-01_00-00-00", "<tokenizer>": "/path/to/tokenizer", "<a 32k tokenizer>": "/path/to/tokenizer"}
+PLACEHOLDERS = {
+    "<time>": "2026-01-01_00-00-00",
+    "<tokenizer>": "/path/to/tokenizer",
+    "<a 32k tokenizer>": "/path/to/tokenizer",
+}
 HYDRA_FLAGS = {"-m", "--multirun"}
 
 
@@ -56,7 +60,9 @@ def test_the_docs_hold_commands():
 def compose_jobs(overrides: list[str]) -> list:
     """The composed config of every job the command would run (one without -m)."""
     multirun = any(flag in overrides for flag in HYDRA_FLAGS)
-    arguments = [o for o in overrides if o not in HYDRA_FLAGS and not o.startswith("--cfg") and o not in ("job", "hydra")]
+    arguments = [
+        o for o in overrides if o not in HYDRA_FLAGS and not o.startswith("--cfg") and o not in ("job", "hydra")
+    ]
     parsed = PARSER.parse_overrides(arguments)
     with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
         fixed = [o.input_line for o in parsed if not (multirun and o.is_sweep_override())]
@@ -71,13 +77,19 @@ def compose_jobs(overrides: list[str]) -> list:
             key = override.get_key_element()
             values = list(override.sweep_string_iterator()) if multirun and override.is_sweep_override() else None
             axes.append([f"{key}={v}" for v in values] if values else [override.input_line])
-        axes += [[f"{key}={v}" for v in str(value).split(",")] for key, value in params.items()
-                 if not any(o.get_key_element() == key for o in parsed)]  # fmt: skip
+        axes += [
+            [f"{key}={v}" for v in str(value).split(",")]
+            for key, value in params.items()
+            if not any(o.get_key_element() == key for o in parsed)
+        ]
         return [compose("train", overrides=list(job), return_hydra_config=True) for job in itertools.product(*axes)]
 
 
-@pytest.mark.parametrize(("where", "command"), [c for c in COMMANDS if c[1].startswith("python train.py")],
-                         ids=lambda value: value[:90] if isinstance(value, str) else None)  # fmt: skip
+@pytest.mark.parametrize(
+    ("where", "command"),
+    [c for c in COMMANDS if c[1].startswith("python train.py")],
+    ids=lambda value: value[:90] if isinstance(value, str) else None,
+)
 def test_train_command_composes_and_passes_the_checks(where, command):
     for cfg in compose_jobs(shlex.split(command)[2:]):
         read_settings(cfg, processes=read_settings(cfg).trainer.stated_processes() or 1)
@@ -92,8 +104,11 @@ def script_module(path: Path):
     return module
 
 
-@pytest.mark.parametrize(("where", "command"), [c for c in COMMANDS if c[1].startswith("python scripts/")],
-                         ids=lambda value: value[:90] if isinstance(value, str) else None)  # fmt: skip
+@pytest.mark.parametrize(
+    ("where", "command"),
+    [c for c in COMMANDS if c[1].startswith("python scripts/")],
+    ids=lambda value: value[:90] if isinstance(value, str) else None,
+)
 def test_script_command_parses(where, command):
     words = shlex.split(command)
     script = REPO / words[1]
@@ -105,13 +120,18 @@ def test_script_command_parses(where, command):
     script_module(script).parse_args(arguments)
 
 
-CPU_SIZED = sorted({
-    command
-    for where, command in COMMANDS
-    if where.startswith("README.md")
-    and command.startswith("python train.py")
-    and not re.search(r"trainer=gpu|hydra/launcher|-m |--cfg|ckpt_path=|init_from_hf=|model=(?!tiny)|devices=[3-9]|data=hub|backend=torchft", command)
-})
+CPU_SIZED = sorted(
+    {
+        command
+        for where, command in COMMANDS
+        if where.startswith("README.md")
+        and command.startswith("python train.py")
+        and not re.search(
+            r"trainer=gpu|hydra/launcher|-m |--cfg|ckpt_path=|init_from_hf=|model=(?!tiny)|devices=[3-9]|data=hub|backend=torchft",
+            command,
+        )
+    }
+)
 # Stopped after 2 optimizer steps (1 global step of 2 simulated replicas), with a short validation.
 SHORT = ["trainer.max_steps=2", "trainer.num_sanity_val_steps=0", "data.val_max_rows=16", "logger=csv"]
 

@@ -13,8 +13,15 @@ from benchmarks.row_log import rows_by_step
 from tests.run_helpers import TINY, run_train
 
 # 4 steps of 8 sequences; sharded checkpoints every 2 steps.
-RUN = [*TINY, "trainer.max_steps=4", "logger=csv", "callbacks.validation_schedule.every_n_steps=100", "strategy=fsdp2",
-       "trainer.accelerator=cpu", "callbacks.model_checkpoint.every_n_train_steps=2"]  # fmt: skip
+RUN = [
+    *TINY,
+    "trainer.max_steps=4",
+    "logger=csv",
+    "callbacks.validation_schedule.every_n_steps=100",
+    "strategy=fsdp2",
+    "trainer.accelerator=cpu",
+    "callbacks.model_checkpoint.every_n_train_steps=2",
+]
 # Float sums over 1, 2 or 4 ranks add in another order: measured up to 1e-7 relative here.
 LOSS_RTOL = 1e-6
 
@@ -47,14 +54,18 @@ def test_one_and_two_processes_train_the_same_sequences(uninterrupted) -> None:
 
 
 @pytest.mark.parametrize(("written_by", "resumed_on"), [(2, 1), (1, 2), (2, 4)])
-def test_a_sharded_checkpoint_resumes_on_another_world_size(uninterrupted, written_by, resumed_on, tmp_path, tmp_path_factory) -> None:
+def test_a_sharded_checkpoint_resumes_on_another_world_size(
+    uninterrupted, written_by, resumed_on, tmp_path, tmp_path_factory
+) -> None:
     full = uninterrupted[written_by]
     checkpoint = full / "checkpoints" / "step000002.ckpt"
     assert checkpoint.is_dir()  # sharded: one file per rank
     result = train(tmp_path, tmp_path_factory.getbasetemp() / "cache", resumed_on, f"ckpt_path={checkpoint}")
     on = f"{resumed_on} process" + ("es" if resumed_on > 1 else "")
-    assert (f"resuming on {on} (the checkpoint's run had {written_by}): the weights and optimizer"
-            " state are resharded, the data continues at sequence 16") in result.stdout + result.stderr  # fmt: skip
+    assert (
+        f"resuming on {on} (the checkpoint's run had {written_by}): the weights and optimizer"
+        " state are resharded, the data continues at sequence 16"
+    ) in result.stdout + result.stderr
     # Progress lines time this process (before the fix a resumed run counted from boot).
     assert [int(m) for m in re.findall(r"(\d+)m\d+s elapsed", result.stdout + result.stderr)] == [0]
     before, after = rows_by_step(full / "rows"), rows_by_step(tmp_path / "rows")
@@ -74,7 +85,6 @@ def test_real_diloco_replicas_resume_only_on_their_process_count(tmp_path, tmp_p
         f"error: ckpt_path={checkpoint} holds the DiLoCo replica states of 2 processes, but this run has 4;"
         " resume real DiLoCo replicas on 2 processes (trainer.devices x trainer.num_nodes)."
     )
-
 
 
 def test_validation_loss_is_the_token_mean_whatever_the_process_count(tmp_path, tmp_path_factory) -> None:

@@ -60,9 +60,15 @@ def byte_data_settings(cache_dir: Path, **source) -> dict:
     """A checkpoint's data settings, for the embedded corpus and the byte tokenizer."""
     return {
         "source": {"kind": "embedded", "max_documents": 300, "max_tokens": None, **source},
-        "tokenizer": {"kind": "byte"}, "seq_len": MAX_LENGTH, "micro_batch_size": 2, "val_fraction": 0.1,
-        "val_max_rows": None, "shuffle": True, "seed": 0, "cache_dir": str(cache_dir),
-    }  # fmt: skip
+        "tokenizer": {"kind": "byte"},
+        "seq_len": MAX_LENGTH,
+        "micro_batch_size": 2,
+        "val_fraction": 0.1,
+        "val_max_rows": None,
+        "shuffle": True,
+        "seed": 0,
+        "cache_dir": str(cache_dir),
+    }
 
 
 def greedy_pairs(model: Llama, contexts: list[str]) -> list[tuple[str, str]]:
@@ -94,8 +100,14 @@ def test_adapter_matches_lm_eval_hflm_on_the_hugging_face_export(tmp_path):
     model = tiny_model()
     ids = save_hf_tokenizer(byte_data_settings(tmp_path / "cache"), tmp_path / "hf")
     save_hf_pretrained(model, tmp_path / "hf", MAX_LENGTH, ids)
-    hflm = HFLM(pretrained=str(tmp_path / "hf"), tokenizer=str(tmp_path / "hf"), device="cpu", dtype="float32",
-                max_length=MAX_LENGTH, batch_size=3)  # fmt: skip
+    hflm = HFLM(
+        pretrained=str(tmp_path / "hf"),
+        tokenizer=str(tmp_path / "hf"),
+        device="cpu",
+        dtype="float32",
+        max_length=MAX_LENGTH,
+        batch_size=3,
+    )
     adapter = LlamaLM(model, ByteTokenizer(), max_length=MAX_LENGTH, batch_size=4)
 
     rng = random.Random(0)
@@ -152,8 +164,10 @@ def _sharded_rank(rank: int, world_size: int, init_file: str, out_dir: str) -> N
             fully_shard(layer, mesh=mesh)
         fully_shard(model, mesh=mesh)
         assert isinstance(model.tok_embeddings.weight, DTensor)  # each rank holds half of every weight
-        torch.save(adapter_results(LlamaLM(model, ByteTokenizer(), max_length=MAX_LENGTH, batch_size=3)),
-                   Path(out_dir) / f"rank{rank}.pt")  # fmt: skip
+        torch.save(
+            adapter_results(LlamaLM(model, ByteTokenizer(), max_length=MAX_LENGTH, batch_size=3)),
+            Path(out_dir) / f"rank{rank}.pt",
+        )
     finally:
         dist.destroy_process_group()
 

@@ -48,9 +48,14 @@ def data_settings(cache_dir: Path, **tokenizer) -> dict:
     return {
         "source": {"kind": "embedded", "max_documents": 300, "max_tokens": None},
         "tokenizer": tokenizer or {"kind": "byte"},
-        "seq_len": 64, "micro_batch_size": 2, "val_fraction": 0.05, "val_max_rows": None,
-        "shuffle": True, "seed": 0, "cache_dir": str(cache_dir),
-    }  # fmt: skip
+        "seq_len": 64,
+        "micro_batch_size": 2,
+        "val_fraction": 0.05,
+        "val_max_rows": None,
+        "shuffle": True,
+        "seed": 0,
+        "cache_dir": str(cache_dir),
+    }
 
 
 def test_byte_tokenizer_export_gives_the_bytes_as_ids(tmp_path):

@@ -32,9 +32,14 @@ def test_every_nth_block_is_checkpointed_and_the_gradients_are_the_plain_ones(mo
     torch.manual_seed(0)
     reference = Llama(CONFIG)
     laid_out = copy.deepcopy(reference)
-    apply_layout(laid_out, default_settings(LayoutSettings, "layout", activation_checkpointing=mode, checkpoint_every=2))
-    wrapped = [i for i, block in enumerate(laid_out.layers)
-               if isinstance(block if mode == "full" else block.mlp, CheckpointWrapper)]  # fmt: skip
+    apply_layout(
+        laid_out, default_settings(LayoutSettings, "layout", activation_checkpointing=mode, checkpoint_every=2)
+    )
+    wrapped = [
+        i
+        for i, block in enumerate(laid_out.layers)
+        if isinstance(block if mode == "full" else block.mlp, CheckpointWrapper)
+    ]
     assert wrapped == [0, 2, 4]
     tokens = torch.randint(0, 64, (2, 17))
     for model in (reference, laid_out):
@@ -50,8 +55,17 @@ def test_the_memory_plan_counts_the_blocks_in_between_in_full(every):
     whole = 6 * d + 2 * k + 5 * h
     kept = sum(float(d if index % every == 0 else whole) for index in range(CONFIG.n_layers))
     expected = 8 * 16 * (4 * (kept + whole) + 4 * d)  # fp32 compute, one recomputed block, the chunked loss
-    plan = memory_plan(CONFIG, precision="32-true", optimizer="adamw", shards=1, micro_batch=8, seq_len=16,
-                       checkpointing="full", loss="chunked", checkpoint_every=every)  # fmt: skip
+    plan = memory_plan(
+        CONFIG,
+        precision="32-true",
+        optimizer="adamw",
+        shards=1,
+        micro_batch=8,
+        seq_len=16,
+        checkpointing="full",
+        loss="chunked",
+        checkpoint_every=every,
+    )
     assert plan.activations == expected
 
 

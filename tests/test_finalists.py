@@ -12,7 +12,9 @@ from study.surrogate import posterior_mean
 from study.tuner import Search, Tuning, rises_on_both_sides
 
 X = Range("optimizer.lr", 1e-3, 1.6e-2, "log", 2, 1e-3, 1.6e-2)  # indices 0..4, hard limits at both ends
-Y = Choice("technique.diloco.outer_optimizer", ({"momentum": 0.0, "nesterov": False}, {"momentum": 0.9, "nesterov": True}))
+Y = Choice(
+    "technique.diloco.outer_optimizer", ({"momentum": 0.0, "nesterov": False}, {"momentum": 0.9, "nesterov": True})
+)
 
 
 def true_loss(i: int) -> float:
@@ -20,8 +22,13 @@ def true_loss(i: int) -> float:
 
 
 # One tuning seed: index 4 drew lucky noise (-0.045), enough to look best on its own.
-OBSERVED = {(0,): true_loss(0) + 0.004, (1,): true_loss(1) - 0.003, (2,): true_loss(2) + 0.006, (3,): true_loss(3) + 0.002,
-            (4,): true_loss(4) - 0.045}  # fmt: skip
+OBSERVED = {
+    (0,): true_loss(0) + 0.004,
+    (1,): true_loss(1) - 0.003,
+    (2,): true_loss(2) + 0.006,
+    (3,): true_loss(3) + 0.002,
+    (4,): true_loss(4) - 0.045,
+}
 
 
 def test_finalists_run_again_and_take_the_winner_from_a_lucky_observation() -> None:
@@ -30,7 +37,9 @@ def test_finalists_run_again_and_take_the_winner_from_a_lucky_observation() -> N
     search = Search(SearchSpace((X,)), "coordinate", budget=5, finalists=3, finalist_seeds=(21, 22))
     tuning = Tuning(search, OBSERVED)
     assert (4,) in tuning.finalists and (2,) in tuning.finalists and len(tuning.finalists) == 3
-    assert sorted(tuning.pending_reruns) == sorted((p, s) for p in tuning.finalists for s in (21, 22)) and not tuning.tuned
+    assert (
+        sorted(tuning.pending_reruns) == sorted((p, s) for p in tuning.finalists for s in (21, 22)) and not tuning.tuned
+    )
     reruns = {p: {21: true_loss(p[0]) + 0.004, 22: true_loss(p[0]) - 0.002} for p in tuning.finalists}
     done = Tuning(search, OBSERVED, reruns)
     assert done.pending_reruns == [] and done.winner == (2,)
@@ -58,7 +67,10 @@ def test_the_regret_check_compares_the_winner_with_each_anchor_on_the_same_seeds
     tuning = Tuning(search, observed)
     assert anchor in [p for p, _ in tuning.pending_reruns]  # anchors run on the finalist seeds too
     winner = tuning.finalists[0]
-    reruns = {winner: {21: true_loss(winner[0]) + 0.03, 22: true_loss(winner[0]) + 0.03}, anchor: {21: true_loss(3) - 0.02, 22: true_loss(3) - 0.02}}
+    reruns = {
+        winner: {21: true_loss(winner[0]) + 0.03, 22: true_loss(winner[0]) + 0.03},
+        anchor: {21: true_loss(3) - 0.02, 22: true_loss(3) - 0.02},
+    }
     done = Tuning(search, observed, reruns)
     regret = done.regret(anchor)
     differences = [done.losses(winner)[s] - done.losses(anchor)[s] for s in (-1, 21, 22)]

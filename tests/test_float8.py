@@ -6,7 +6,6 @@ scales down to powers of two), training runs against fp32 and against each other
 float8 checkpoint resumes exactly.
 """
 
-
 import pytest
 import torch
 from torch import nn
@@ -58,9 +57,19 @@ def test_only_the_blocks_linear_layers_are_converted():
     names_before = [name for name, _ in model.named_parameters()]
     apply_layout(model, layout)
     converted = {name for name, module in model.named_modules() if isinstance(module, Float8Linear)}
-    expected = {f"layers.{i}.{part}" for i in range(2) for part in
-                ("attention.q_proj", "attention.k_proj", "attention.v_proj", "attention.o_proj",
-                 "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")}  # fmt: skip
+    expected = {
+        f"layers.{i}.{part}"
+        for i in range(2)
+        for part in (
+            "attention.q_proj",
+            "attention.k_proj",
+            "attention.v_proj",
+            "attention.o_proj",
+            "mlp.gate_proj",
+            "mlp.up_proj",
+            "mlp.down_proj",
+        )
+    }
     assert converted == expected
     assert type(model.output) is nn.Linear and type(model.tok_embeddings) is nn.Embedding
     assert [name for name, _ in model.named_parameters()] == names_before  # checkpoints keep their keys
@@ -71,8 +80,6 @@ def test_convert_returns_what_it_converted():
         model = Llama(LlamaSettings(n_layers=1, d_model=32, n_heads=4, vocab_size=96))
     names = convert_to_float8(model, "tensorwise", emulate=True, sharded=False)
     assert len(names) == 7 and all(isinstance(model.get_submodule(name), Float8Linear) for name in names)
-
-
 
 
 @pytest.fixture(scope="module")
@@ -110,9 +117,18 @@ def test_float8_training_follows_fp32_within_the_stated_tolerance(runs, recipe):
 def test_fsdp2_gathers_float8_weights_and_trains_as_one_process(runs, tmp_path, cache):
     """Tensorwise under FSDP2 all-gathers float8 weights with scales from the global amax:
     the same casts as one process, so the same losses up to the order of reductions."""
-    sharded = trained(tmp_path, cache, "fsdp2", "layout.float8=tensorwise", *EMULATED, "strategy=fsdp2",
-                      "trainer.devices=2", "trainer.accelerator=cpu", "strategy.save_distributed_checkpoint=false",
-                      steps=4)  # fmt: skip
+    sharded = trained(
+        tmp_path,
+        cache,
+        "fsdp2",
+        "layout.float8=tensorwise",
+        *EMULATED,
+        "strategy=fsdp2",
+        "trainer.devices=2",
+        "trainer.accelerator=cpu",
+        "strategy.save_distributed_checkpoint=false",
+        steps=4,
+    )
     one, two = train_losses(runs["tensorwise"]), train_losses(sharded)
     assert set(two) == {1, 2, 3, 4}
     assert max(abs(two[step] - one[step]) for step in two) <= 1e-5

@@ -16,8 +16,9 @@ from lightning_modules.llama import Llama, LlamaSettings
 @pytest.mark.parametrize("tie", [False, True])
 @pytest.mark.parametrize("seq_len", [64, 256])
 def test_formula_matches_flop_counter(tie: bool, seq_len: int):
-    config = LlamaSettings(vocab_size=512, n_layers=3, d_model=256, n_heads=8, n_kv_heads=2, mlp_hidden=704,
-                         tie_embeddings=tie)  # fmt: skip
+    config = LlamaSettings(
+        vocab_size=512, n_layers=3, d_model=256, n_heads=8, n_kv_heads=2, mlp_hidden=704, tie_embeddings=tie
+    )
     batch = 2
     with torch.device("meta"):
         model = Llama(config)

@@ -251,17 +251,36 @@ def test_liger_swaps_keep_parameters_and_call_the_kernels_with_their_contract(mo
     assert liger_kernels.select_linear_cross_entropy(prefer_liger=False) is linear_cross_entropy
 
 
-@pytest.mark.parametrize(("compile_mode", "dynamic", "swapped"), [
-    ("none", True, True), ("blocks", False, True), ("blocks", True, False), ("model", True, False),
-])  # fmt: skip
-def test_liger_module_kernels_stay_out_of_graphs_compiled_with_dynamic_shapes(monkeypatch, compile_mode, dynamic, swapped):
+@pytest.mark.parametrize(
+    ("compile_mode", "dynamic", "swapped"),
+    [
+        ("none", True, True),
+        ("blocks", False, True),
+        ("blocks", True, False),
+        ("model", True, False),
+    ],
+)
+def test_liger_module_kernels_stay_out_of_graphs_compiled_with_dynamic_shapes(
+    monkeypatch, compile_mode, dynamic, swapped
+):
     """Dynamo cannot trace Liger's RMSNorm with dynamic shapes (seen on an H100, torch 2.11): a
     layout that compiles with them keeps the plain modules; eager and static compiles swap."""
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(liger_kernels, "liger_fused_linear_cross_entropy", lambda *args, **kwargs: None)
-    layout = LayoutSettings(activation_checkpointing="none", checkpoint_every=1, compile=compile_mode, compile_mode="default",
-                          reshard_after_forward=True, fsdp_mixed_precision=False, attention_backend="auto", loss="plain", liger_kernels=True,
-                          fused_adamw=False, float8="none", float8_emulate=False)  # fmt: skip
+    layout = LayoutSettings(
+        activation_checkpointing="none",
+        checkpoint_every=1,
+        compile=compile_mode,
+        compile_mode="default",
+        reshard_after_forward=True,
+        fsdp_mixed_precision=False,
+        attention_backend="auto",
+        loss="plain",
+        liger_kernels=True,
+        fused_adamw=False,
+        float8="none",
+        float8_emulate=False,
+    )
     with torch.device("meta"):
         model = Llama(CONFIG)
     apply_layout(model, layout, dynamic_seq_len=dynamic)

@@ -8,11 +8,16 @@ from lightning_modules.global_batch import BatchSettings, GlobalBatch, micro_bat
 
 def config(global_batch: int = 32, micro: int | None = 4, cap: int | None = None, max_micro: int = 16) -> BatchSettings:
     return BatchSettings(
-        global_batch_size=global_batch, micro_batch_size=micro, max_micro_batch_size=max_micro, max_global_batch_size=cap
+        global_batch_size=global_batch,
+        micro_batch_size=micro,
+        max_micro_batch_size=max_micro,
+        max_global_batch_size=cap,
     )
 
 
-def make(global_batch: int = 32, micro: int = 4, ranks: int = 2, cap: int | None = None, replicas: int = 1) -> GlobalBatch:
+def make(
+    global_batch: int = 32, micro: int = 4, ranks: int = 2, cap: int | None = None, replicas: int = 1
+) -> GlobalBatch:
     return GlobalBatch(config(global_batch, micro, cap), micro, data_parallel_size=ranks, sequential_replicas=replicas)
 
 
@@ -46,12 +51,16 @@ def test_requests_round_up_cap_and_apply_at_next_step():
         (26, 1, 1, 12, 2),  # 26 = 2 x 13: 13 > 12, so 2
     ],
 )
-def test_automatic_micro_batch_is_the_largest_divisor_of_each_ranks_share(global_batch, ranks, replicas, max_micro, micro):
+def test_automatic_micro_batch_is_the_largest_divisor_of_each_ranks_share(
+    global_batch, ranks, replicas, max_micro, micro
+):
     assert micro_batch_size_for(config(global_batch, None, max_micro=max_micro), ranks, replicas) == micro
 
 
 def test_a_batch_that_cannot_be_split_names_the_key_and_a_fix():
-    with pytest.raises(ConfigError, match=r"global_batch_size=30 does not split evenly over 4 data-parallel rank\(s\); .* 32"):
+    with pytest.raises(
+        ConfigError, match=r"global_batch_size=30 does not split evenly over 4 data-parallel rank\(s\); .* 32"
+    ):
         micro_batch_size_for(config(30, None), 4)
     with pytest.raises(ConfigError, match=r"micro_batch_size=4 does not divide each rank's share .* = 6 sequences"):
         micro_batch_size_for(config(12, 4), 2)

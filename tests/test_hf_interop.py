@@ -34,9 +34,18 @@ VOCAB, SEQ = 300, 13
 
 def random_config(tie: bool) -> LlamaSettings:
     return LlamaSettings(
-        name="interop", vocab_size=VOCAB, n_layers=2, d_model=64, n_heads=4, n_kv_heads=2,
-        mlp_hidden=96, rope_theta=500000.0, norm_eps=1e-6, tie_embeddings=tie, init_std=0.1,
-    )  # fmt: skip
+        name="interop",
+        vocab_size=VOCAB,
+        n_layers=2,
+        d_model=64,
+        n_heads=4,
+        n_kv_heads=2,
+        mlp_hidden=96,
+        rope_theta=500000.0,
+        norm_eps=1e-6,
+        tie_embeddings=tie,
+        init_std=0.1,
+    )
 
 
 def random_model(tie: bool) -> Llama:

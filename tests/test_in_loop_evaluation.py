@@ -47,8 +47,17 @@ def test_evaluation_is_logged_against_tokens_and_equals_the_checkpoints(run, tmp
     assert list(accuracy) == [1024]  # due at 1,000 tokens, reached at the end of step 4: once, not twice
     assert set(logged(run_dir, "eval/corpus_cloze/acc_norm")) == {1024}
     out = tmp_path / "results.json"
-    command = [sys.executable, str(REPO / "scripts/evaluate.py"), str(run_dir / "checkpoints" / "last.ckpt"),
-               "--tasks", "corpus_cloze", "--cloze-k", "40", "--out", str(out)]  # fmt: skip
+    command = [
+        sys.executable,
+        str(REPO / "scripts/evaluate.py"),
+        str(run_dir / "checkpoints" / "last.ckpt"),
+        "--tasks",
+        "corpus_cloze",
+        "--cloze-k",
+        "40",
+        "--out",
+        str(out),
+    ]
     result = subprocess.run(command, capture_output=True, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})
     assert result.returncode == 0, result.stderr[-3000:]
     results = json.loads(out.read_text())["results"]["corpus_cloze"]
@@ -64,8 +73,11 @@ def test_samples_are_printed_with_their_prompt(run):
 
 def test_the_report_plots_and_tabulates_evaluation_metrics(run, tmp_path):
     run_dir, _ = run
-    result = subprocess.run([sys.executable, str(REPO / "scripts/report.py"), str(run_dir), "--out", str(tmp_path)],
-                            capture_output=True, text=True)  # fmt: skip
+    result = subprocess.run(
+        [sys.executable, str(REPO / "scripts/report.py"), str(run_dir), "--out", str(tmp_path)],
+        capture_output=True,
+        text=True,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     assert (tmp_path / "eval_corpus_cloze_acc.png").is_file()
     assert "eval/corpus_cloze/acc" in (tmp_path / "report.md").read_text()

@@ -14,15 +14,23 @@ from analysis.runs import load_run
 from tests.run_helpers import REPO, TINY, run_sweep
 
 SETTINGS = [o for o in TINY if not o.startswith(("optimizer.lr=", "token_budget="))]
-STUDY = ["hydra.mode=MULTIRUN", f"hydra.searchpath=[file://{REPO / 'tests' / 'configs'}]", "+sweep=tiny_joint",
-         *SETTINGS, "token_budget=1536", "callbacks.model_checkpoint.every_n_train_steps=2"]  # fmt: skip
+STUDY = [
+    "hydra.mode=MULTIRUN",
+    f"hydra.searchpath=[file://{REPO / 'tests' / 'configs'}]",
+    "+sweep=tiny_joint",
+    *SETTINGS,
+    "token_budget=1536",
+    "callbacks.model_checkpoint.every_n_train_steps=2",
+]
 
 
 sweep = partial(run_sweep, STUDY)
 
 
 def jobs(folder: Path) -> list[tuple[str, str, int, float]]:
-    runs = [load_run(path) for path in sorted((p for p in folder.iterdir() if p.name.isdigit()), key=lambda p: int(p.name))]
+    runs = [
+        load_run(path) for path in sorted((p for p in folder.iterdir() if p.name.isdigit()), key=lambda p: int(p.name))
+    ]
     return [(run.arm, run.phase, run.seed, run.setting("optimizer.lr")) for run in runs]
 
 
@@ -67,14 +75,24 @@ def test_a_study_stopped_mid_search_resumes_into_the_same_jobs(study, tmp_path: 
 @pytest.mark.parametrize(
     ("extra", "message"),
     [
-        (["study.searcher=bayes"], "error: study.searcher='bayes' is not a searcher; use one of gp, tpe, random, coordinate (gp is the default)."),
-        (["study.budget=1"], "error: study.budget=1 leaves no point to search beside the arm's 1 anchor(s); give at least 2."),
-        (["study.arms.tuned.anchors=[{optimizer.lr:0.003}]"],
-         "error: study.arms.tuned.anchors[0]: optimizer.lr=0.003 is not a point of the search space; use a grid value within the"
-         " search's span (0.00025, 0.001, 0.004, 0.016)."),
-        (["study.arms.tuned.anchors=[{optimizer.beta2:0.95}]"],
-         "error: study.arms.tuned.anchors[0] names ['optimizer.beta2'], which the arm does not search (it searches ['optimizer.lr']):"
-         " drop it or search it."),
+        (
+            ["study.searcher=bayes"],
+            "error: study.searcher='bayes' is not a searcher; use one of gp, tpe, random, coordinate (gp is the default).",
+        ),
+        (
+            ["study.budget=1"],
+            "error: study.budget=1 leaves no point to search beside the arm's 1 anchor(s); give at least 2.",
+        ),
+        (
+            ["study.arms.tuned.anchors=[{optimizer.lr:0.003}]"],
+            "error: study.arms.tuned.anchors[0]: optimizer.lr=0.003 is not a point of the search space; use a grid value within the"
+            " search's span (0.00025, 0.001, 0.004, 0.016).",
+        ),
+        (
+            ["study.arms.tuned.anchors=[{optimizer.beta2:0.95}]"],
+            "error: study.arms.tuned.anchors[0] names ['optimizer.beta2'], which the arm does not search (it searches ['optimizer.lr']):"
+            " drop it or search it.",
+        ),
     ],
 )
 def test_bad_search_settings_are_one_line_before_any_job(tmp_path: Path, extra: list[str], message: str) -> None:

@@ -62,7 +62,9 @@ def test_the_fit_recovers_a_known_law_with_an_irreducible_term() -> None:
     assert fitted.offset == pytest.approx(LAW["c"], rel=1e-3) and fitted.a == pytest.approx(LAW["a"], rel=1e-2)
     # Three sizes cannot support the offset: a plain power law, still through the points.
     three = fit_loss(members[:3])
-    assert three.offset_se is None and three.predict(np.array(N[:3])) == pytest.approx([law(n) for n in N[:3]], rel=1e-2)
+    assert three.offset_se is None and three.predict(np.array(N[:3])) == pytest.approx(
+        [law(n) for n in N[:3]], rel=1e-2
+    )
 
 
 def test_the_prediction_brackets_the_held_out_size_and_ignores_it() -> None:
@@ -81,9 +83,12 @@ def test_the_prediction_brackets_the_held_out_size_and_ignores_it() -> None:
 
 def test_the_prediction_interval_holds_the_other_forms_the_refits_and_the_seed_noise() -> None:
     generator = np.random.default_rng(1)
-    members = [rung(name, n, {s: law(n) + generator.normal(0, 0.01) for s in (2, 3)}) for name, n in zip(SIZES[:4], N[:4])]
+    members = [
+        rung(name, n, {s: law(n) + generator.normal(0, 0.01) for s in (2, 3)}) for name, n in zip(SIZES[:4], N[:4])
+    ]
     (prediction,) = predict(members, SIZES[:4], SIZES[4], N[4], seeds=2)
     assert prediction.form == "A N^alpha + C"
+
     # Written out here: the plain law on all four sizes and on each three-size subset (the
     # offset form needs four), and the offset form on all four.
     def plain(subset):
@@ -95,7 +100,9 @@ def test_the_prediction_interval_holds_the_other_forms_the_refits_and_the_seed_n
     residuals = [v - r.loss for r in members for v in r.losses.values()]
     noise = stats.t.ppf(0.975, 4) * math.sqrt(sum(e * e for e in residuals) / 4) / math.sqrt(2)
     low, high = min(prediction.low, *candidates) - noise, max(prediction.high, *candidates) + noise
-    assert (prediction.interval_low, prediction.interval_high) == pytest.approx((low, high), rel=1e-5)  # t from a 3-digit table
+    assert (prediction.interval_low, prediction.interval_high) == pytest.approx(
+        (low, high), rel=1e-5
+    )  # t from a 3-digit table
     assert prediction.interval_low < prediction.low and prediction.interval_high > prediction.high
 
 
@@ -106,7 +113,9 @@ def test_the_trend_slope_and_interval_equal_scipys_regression_on_per_size_means(
     means = [np.mean([p.difference for p in points if p.n_params == n]) for n in N]
     fit = stats.linregress(np.log10(N), means)  # 5 sizes: 3 degrees of freedom, not the 8 of 10 points
     half = stats.t.ppf(0.975, len(N) - 2) * fit.stderr
-    assert (estimate.value, *estimate.bounds(0.025)) == pytest.approx((fit.slope, fit.slope - half, fit.slope + half), rel=1e-3)
+    assert (estimate.value, *estimate.bounds(0.025)) == pytest.approx(
+        (fit.slope, fit.slope - half, fit.slope + half), rel=1e-3
+    )
     preset = OmegaConf.load(REPO / "conf" / "sweep" / "scaling_ladder.yaml")
     spec = StudySpec.from_config(OmegaConf.to_container(preset.study))
     assert judge_trend(spec.claims[0], points).verdict == "holds"  # the gap falls by 0.01 nats per decade
@@ -117,8 +126,15 @@ def test_the_trend_slope_and_interval_equal_scipys_regression_on_per_size_means(
 
 def test_a_trend_claim_tests_a_slope_not_a_ratio() -> None:
     with pytest.raises(ConfigError, match="a trend claim tests a slope; drop the ratio_ prefix"):
-        StudySpec.from_config({"arms": {"a": [], "b": []}, "seeds": [1, 2],
-                               "claims": [{"arm": "a", "baseline": "b", "trend": "params", "expect": {"val/loss": {"ratio_lower_than": 1}}}]})  # fmt: skip
+        StudySpec.from_config(
+            {
+                "arms": {"a": [], "b": []},
+                "seeds": [1, 2],
+                "claims": [
+                    {"arm": "a", "baseline": "b", "trend": "params", "expect": {"val/loss": {"ratio_lower_than": 1}}}
+                ],
+            }
+        )
 
 
 def write_run(folder: Path, model: str, arm: str, seed: int, loss: float) -> None:
@@ -129,12 +145,16 @@ def write_run(folder: Path, model: str, arm: str, seed: int, loss: float) -> Non
     config = {"model": shape, "seed": seed, "study": {"arm": arm, "phase": "judge"}, "optimizer": {"lr": 4e-3}}
     (folder / "csv" / "hparams.yaml").write_text(yaml.safe_dump(config))
     (folder / "csv" / "metrics.csv").write_text(f"step,train/tokens_seen,val/loss\n10,1000,{loss}\n")
-    (folder / ".hydra" / "overrides.yaml").write_text(yaml.safe_dump([f"model={model}", f"study.arm={arm}", f"seed={seed}"]))
+    (folder / ".hydra" / "overrides.yaml").write_text(
+        yaml.safe_dump([f"model={model}", f"study.arm={arm}", f"seed={seed}"])
+    )
     (folder / "finished.yaml").write_text("metrics: {}\n")
 
 
 def ladder(cli: list[str]) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(REPO / "scripts" / "ladder.py"), *cli], capture_output=True, text=True, cwd=REPO)
+    return subprocess.run(
+        [sys.executable, str(REPO / "scripts" / "ladder.py"), *cli], capture_output=True, text=True, cwd=REPO
+    )
 
 
 def test_the_prediction_command_never_reads_the_predicted_size(tmp_path: Path) -> None:
@@ -162,7 +182,9 @@ def test_the_prediction_command_never_reads_the_predicted_size(tmp_path: Path) -
     report = ladder(["report", str(sweep), "--out", str(tmp_path / "report")])
     assert report.returncode == 0, report.stderr
     assert "| dp | ladder_2_1m | 2,084,688 | its own search |" in report.stdout and "| not run | - |" in report.stdout
-    assert "| ladder_0_1m | judge | 2 | 0.00 |" in report.stdout and "| all | | 8 |" in report.stdout  # the unfinished run left out
+    assert (
+        "| ladder_0_1m | judge | 2 | 0.00 |" in report.stdout and "| all | | 8 |" in report.stdout
+    )  # the unfinished run left out
     # Bad input: a size in the fit and the prediction, and too few sizes for a fit.
     (sweep / "ladder_prediction.yaml").unlink()
     refused = ladder(["predict", str(sweep), "--predict", "ladder_1_2m", "--sizes", *SIZES[:4]])
@@ -174,8 +196,18 @@ def test_the_prediction_command_never_reads_the_predicted_size(tmp_path: Path) -
 
 
 def test_a_size_whose_heads_do_not_divide_its_width_is_one_line(tmp_path: Path) -> None:
-    result = subprocess.run([sys.executable, str(REPO / "train.py"), "model=ladder_0_3m", "model.n_heads=5",
-                             f"hydra.run.dir={tmp_path / 'run'}"], capture_output=True, text=True, cwd=REPO)  # fmt: skip
+    result = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "train.py"),
+            "model=ladder_0_3m",
+            "model.n_heads=5",
+            f"hydra.run.dir={tmp_path / 'run'}",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+    )
     assert result.returncode == 2
     (line,) = result.stderr.strip().splitlines()
     assert line.startswith("error: ") and "n_heads" in line
@@ -194,16 +226,25 @@ def test_a_held_out_sizes_settings_follow_the_power_law_through_the_others_winne
         slope_, intercept = np.polyfit(sizes, np.log([dimension.value(p[axis]) for _, p in winners]), 1)
         expected.append(math.exp(intercept + slope_ * math.log(2_084_688)))
     settings = held_out_settings(space, winners, 2_084_688)
-    assert settings == [f"optimizer.lr={float(f'{expected[0]:.3g}'):g}", f"technique.diloco.sync_every={round(expected[1])}"]
+    assert settings == [
+        f"optimizer.lr={float(f'{expected[0]:.3g}'):g}",
+        f"technique.diloco.sync_every={round(expected[1])}",
+    ]
     assert expected[0] < 2e-3 and expected[1] > 40  # LR falls with N, the interval grows
     assert held_out_settings(space, winners, 10**9)[1] == "technique.diloco.sync_every=100"  # the hard limit
     with pytest.raises(ConfigError, match="2 searched size"):
         held_out_settings(space, winners[:2], 2_084_688)
 
 
-HELD_OUT = ["hydra.mode=MULTIRUN", f"hydra.searchpath=[file://{REPO / 'tests' / 'configs'}]", "+sweep=tiny_tuned", "study.arm=tuned",
-            *(o for o in TINY if not o.startswith(("model.", "optimizer.lr=", "token_budget="))), "token_budget=1536",
-            "callbacks.model_checkpoint.every_n_train_steps=2"]  # fmt: skip
+HELD_OUT = [
+    "hydra.mode=MULTIRUN",
+    f"hydra.searchpath=[file://{REPO / 'tests' / 'configs'}]",
+    "+sweep=tiny_tuned",
+    "study.arm=tuned",
+    *(o for o in TINY if not o.startswith(("model.", "optimizer.lr=", "token_budget="))),
+    "token_budget=1536",
+    "callbacks.model_checkpoint.every_n_train_steps=2",
+]
 
 
 def test_a_held_out_size_is_not_searched_and_its_prediction_is_written_before_it_trains(tmp_path: Path) -> None:
@@ -218,7 +259,9 @@ def test_a_held_out_size_is_not_searched_and_its_prediction_is_written_before_it
     winners = {run.setting("optimizer.lr") for run in runs if run.phase == "judge"}
     assert winners == {1.6e-2} and {run.setting("optimizer.lr") for run in held} == {1.6e-2}
     (prediction,) = yaml.safe_load((folder / "ladder_prediction.yaml").read_text())
-    assert prediction["fitted_on"] == ["ladder_0_1m", "ladder_0_3m", "ladder_0_65m"] and prediction["settings"] == ["optimizer.lr=0.016"]
+    assert prediction["fitted_on"] == ["ladder_0_1m", "ladder_0_3m", "ladder_0_65m"] and prediction["settings"] == [
+        "optimizer.lr=0.016"
+    ]
     log = result.stdout + result.stderr
     assert log.index("held-out tuned at ladder_1_2m: predicted") < log.index("2 held_out jobs")
     again = run_train(command, tmp_path / "unused", tmp_path / "cache")  # resumes: nothing left, the prediction kept
@@ -228,13 +271,27 @@ def test_a_held_out_size_is_not_searched_and_its_prediction_is_written_before_it
 
 @pytest.mark.parametrize(
     ("sizes", "held_out", "message"),
-    [("model=ladder_0_1m,ladder_0_3m,ladder_0_65m", "ladder_2_1m",
-      "error: study.held_out=ladder_2_1m is not one of the sizes this study runs (model=ladder_0_1m,ladder_0_3m,ladder_0_65m); name one of them."),
-     ("model=ladder_0_1m,ladder_0_3m,ladder_0_65m", "ladder_0_65m",
-      "error: study.held_out: the ladder has 2 other size(s); fitting over N needs at least 3: add sizes to model=..., or drop study.held_out.")],
-)  # fmt: skip
-def test_a_held_out_size_the_ladder_cannot_fit_is_one_line_before_any_job(sizes: str, held_out: str, message: str, tmp_path: Path) -> None:
+    [
+        (
+            "model=ladder_0_1m,ladder_0_3m,ladder_0_65m",
+            "ladder_2_1m",
+            "error: study.held_out=ladder_2_1m is not one of the sizes this study runs (model=ladder_0_1m,ladder_0_3m,ladder_0_65m); name one of them.",
+        ),
+        (
+            "model=ladder_0_1m,ladder_0_3m,ladder_0_65m",
+            "ladder_0_65m",
+            "error: study.held_out: the ladder has 2 other size(s); fitting over N needs at least 3: add sizes to model=..., or drop study.held_out.",
+        ),
+    ],
+)
+def test_a_held_out_size_the_ladder_cannot_fit_is_one_line_before_any_job(
+    sizes: str, held_out: str, message: str, tmp_path: Path
+) -> None:
     folder = tmp_path / "sweep"
-    result = run_train([*HELD_OUT, sizes, f"+study.held_out={held_out}", f"hydra.sweep.dir={folder}"], tmp_path / "unused", tmp_path / "cache")
+    result = run_train(
+        [*HELD_OUT, sizes, f"+study.held_out={held_out}", f"hydra.sweep.dir={folder}"],
+        tmp_path / "unused",
+        tmp_path / "cache",
+    )
     assert result.returncode == 2 and result.stderr.strip().splitlines() == [message]
     assert not folder.exists()

@@ -103,7 +103,9 @@ def test_dynamic_compile_does_not_recompile_when_the_first_length_equals_d_model
     assert graphs[1:] == [graphs[0]] * 2
 
 
-@pytest.mark.parametrize(("compile_mode", "expected"), [("default", None), ("max-autotune-no-cudagraphs", "max-autotune-no-cudagraphs")])
+@pytest.mark.parametrize(
+    ("compile_mode", "expected"), [("default", None), ("max-autotune-no-cudagraphs", "max-autotune-no-cudagraphs")]
+)
 def test_the_inductor_mode_reaches_every_compiled_block(monkeypatch, compile_mode, expected):
     calls = []
     monkeypatch.setattr(torch.nn.Module, "compile", lambda self, **kwargs: calls.append(kwargs))

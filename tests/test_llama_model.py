@@ -23,9 +23,21 @@ from lightning_modules.llama import (
 
 MODEL_CONF = Path(__file__).resolve().parents[1] / "conf" / "model"
 EXPECTED_PRESETS = {
-    "nano", "tiny", "micro_llama_300m", "tinyllama_1b", "open_llama_3b", "llama2_7b", "llama2_13b",
-    "diloco_35m", "diloco_90m", "diloco_180m", "diloco_330m", "diloco_550m", "diloco_1_3b", "diloco_2_4b",
-}  # fmt: skip
+    "nano",
+    "tiny",
+    "micro_llama_300m",
+    "tinyllama_1b",
+    "open_llama_3b",
+    "llama2_7b",
+    "llama2_13b",
+    "diloco_35m",
+    "diloco_90m",
+    "diloco_180m",
+    "diloco_330m",
+    "diloco_550m",
+    "diloco_1_3b",
+    "diloco_2_4b",
+}
 
 
 def load_preset(name: str) -> LlamaSettings:

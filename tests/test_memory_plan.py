@@ -15,8 +15,16 @@ LLAMA2_7B_PARAMETERS = 2 * 32000 * 4096 + 32 * (4 * 4096 * 4096 + 3 * 4096 * 110
 
 def test_llama2_7b_states_are_16_bytes_per_parameter_under_mixed_precision():
     assert LLAMA2_7B_PARAMETERS == 6_738_415_616  # the published count
-    plan = memory_plan(LLAMA2_7B, precision="bf16-mixed", optimizer="adamw", shards=1, micro_batch=1, seq_len=4096,
-                       checkpointing="full", loss="liger")  # fmt: skip
+    plan = memory_plan(
+        LLAMA2_7B,
+        precision="bf16-mixed",
+        optimizer="adamw",
+        shards=1,
+        micro_batch=1,
+        seq_len=4096,
+        checkpointing="full",
+        loss="liger",
+    )
     assert plan.states == 16 * LLAMA2_7B_PARAMETERS
     # Full checkpointing keeps each block's bf16 input, and one block is recomputed at a time.
     one_block = 6 * 4096 + 2 * 4096 + 5 * 11008
@@ -24,18 +32,45 @@ def test_llama2_7b_states_are_16_bytes_per_parameter_under_mixed_precision():
 
 
 def test_sharding_divides_the_states_and_bf16_true_halves_them():
-    mixed = memory_plan(LLAMA2_7B, precision="bf16-mixed", optimizer="adamw", shards=4, micro_batch=1, seq_len=4096,
-                        checkpointing="none", loss="plain")  # fmt: skip
-    pure = memory_plan(LLAMA2_7B, precision="bf16-true", optimizer="adamw", shards=4, micro_batch=1, seq_len=4096,
-                       checkpointing="none", loss="plain")  # fmt: skip
+    mixed = memory_plan(
+        LLAMA2_7B,
+        precision="bf16-mixed",
+        optimizer="adamw",
+        shards=4,
+        micro_batch=1,
+        seq_len=4096,
+        checkpointing="none",
+        loss="plain",
+    )
+    pure = memory_plan(
+        LLAMA2_7B,
+        precision="bf16-true",
+        optimizer="adamw",
+        shards=4,
+        micro_batch=1,
+        seq_len=4096,
+        checkpointing="none",
+        loss="plain",
+    )
     assert mixed.states == pytest.approx(16 * LLAMA2_7B_PARAMETERS / 4)
     assert pure.states == pytest.approx(mixed.states / 2)
 
 
 def test_a_model_whose_states_exceed_the_device_is_refused_naming_the_fix():
-    plan = memory_plan(LLAMA2_7B, precision="bf16-mixed", optimizer="adamw", shards=1, micro_batch=1, seq_len=4096,
-                       checkpointing="full", loss="liger")  # fmt: skip
-    with pytest.raises(ConfigError, match=r"model=llama2_7b cannot fit: .* 100\.4 GiB .* than the NVIDIA H100 80GB HBM3's 79\.2 GiB; shard"):
+    plan = memory_plan(
+        LLAMA2_7B,
+        precision="bf16-mixed",
+        optimizer="adamw",
+        shards=1,
+        micro_batch=1,
+        seq_len=4096,
+        checkpointing="full",
+        loss="liger",
+    )
+    with pytest.raises(
+        ConfigError,
+        match=r"model=llama2_7b cannot fit: .* 100\.4 GiB .* than the NVIDIA H100 80GB HBM3's 79\.2 GiB; shard",
+    ):
         check_fits(plan, "llama2_7b", "NVIDIA H100 80GB HBM3", int(79.2 * GIB))
     check_fits(plan, "llama2_7b", "NVIDIA H200", int(139.8 * GIB))  # fits: no error
 
@@ -45,7 +80,9 @@ def test_a_gpu_run_that_cannot_fit_exits_2_before_reading_data(monkeypatch, tmp_
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda *args: "Small GPU")
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda *args: type("P", (), {"total_memory": GIB})())
-    code, stderr = train_in_process(["model=tinyllama_1b", "trainer.accelerator=gpu"], tmp_path / "run", tmp_path / "cache")
+    code, stderr = train_in_process(
+        ["model=tinyllama_1b", "trainer.accelerator=gpu"], tmp_path / "run", tmp_path / "cache"
+    )
     lines = [line for line in stderr.splitlines() if line.startswith("error: ")]
     assert code == 2 and len(lines) == 1, stderr[-3000:]
     assert "model=tinyllama_1b cannot fit" in lines[0] and "than the Small GPU's 1.0 GiB" in lines[0]

@@ -167,7 +167,9 @@ def test_meta_init_keeps_each_ranks_peak_memory_near_its_shards():
     fp32_bytes = 4 * count_parameters(MEMORY)
     with_meta = peak_increase_per_rank(MEMORY, 2, meta=True)
     whole_first = peak_increase_per_rank(MEMORY, 2, meta=False)
-    print(f"\nfp32 model {fp32_bytes / 1e6:.0f} MB; each rank's peak RSS increase (MB) with meta init "
-          f"{[round(b / 1e6) for b in with_meta]}, whole model first {[round(b / 1e6) for b in whole_first]}")  # fmt: skip
+    print(
+        f"\nfp32 model {fp32_bytes / 1e6:.0f} MB; each rank's peak RSS increase (MB) with meta init "
+        f"{[round(b / 1e6) for b in with_meta]}, whole model first {[round(b / 1e6) for b in whole_first]}"
+    )
     assert max(with_meta) < 0.6 * fp32_bytes
     assert min(whole_first) > 0.9 * fp32_bytes

@@ -54,13 +54,16 @@ def test_shares_follow_the_weights_and_earlier_draws_ignore_later_weights():
 
 
 def test_mixture_settings_are_checked_in_one_line():
-    assert [(e.name, e.weight) for e in mixture_entries({"a": {"weight": 1, "source": {}}, "b": {"weight": 3, "source": {}}})] == [("a", 0.25), ("b", 0.75)]
+    assert [
+        (e.name, e.weight)
+        for e in mixture_entries({"a": {"weight": 1, "source": {}}, "b": {"weight": 3, "source": {}}})
+    ] == [("a", 0.25), ("b", 0.75)]
     for cfg, message in [
         ({}, r"data\.mixture must map source names"),
         ({"a": {"weight": 0, "source": {}}}, r"data\.mixture\.a\.weight must be a positive number"),
         ({"a": {"weight": 1}}, r"data\.mixture\.a must have exactly the keys weight and source"),
         ({"a": {"weight": 1, "source": "embedded"}}, r"data\.mixture\.a\.source must be a source block"),
-    ]:  # fmt: skip
+    ]:
         with pytest.raises(ConfigError, match=message):
             mixture_entries(cfg)
 
@@ -70,8 +73,18 @@ def mixture_module(tmp_path, weights=(0.3, 0.7)) -> TextDataModule:
         "opening": {"weight": weights[0], "source": {"kind": "embedded", "max_documents": 300}},
         "later": {"weight": weights[1], "source": {"kind": "embedded", "skip_documents": 2626, "max_documents": 600}},
     }
-    data = TextDataModule(source=None, mixture=mixture, tokenizer={"kind": "byte"}, seq_len=32, micro_batch_size=4,
-                          val_fraction=0.05, val_max_rows=None, shuffle=True, seed=0, cache_dir=str(tmp_path / "cache"))  # fmt: skip
+    data = TextDataModule(
+        source=None,
+        mixture=mixture,
+        tokenizer={"kind": "byte"},
+        seq_len=32,
+        micro_batch_size=4,
+        val_fraction=0.05,
+        val_max_rows=None,
+        shuffle=True,
+        seed=0,
+        cache_dir=str(tmp_path / "cache"),
+    )
     data.prepare_data()
     data.setup("fit")
     return data
@@ -95,7 +108,10 @@ def test_datamodule_resumes_mid_mixture_exactly_and_applies_changed_weights_from
     reweighted = mixture_module(tmp_path, weights=(0.9, 0.1))
     with caplog.at_level(logging.INFO, logger="data.datamodule"):
         reweighted.load_state_dict(state)
-    assert "data.mixture weights changed since the checkpoint (opening 0.3 -> 0.9, later 0.7 -> 0.1); applied from row 48 on" in caplog.text
+    assert (
+        "data.mixture weights changed since the checkpoint (opening 0.3 -> 0.9, later 0.7 -> 0.1); applied from row 48 on"
+        in caplog.text
+    )
     take(reweighted, 1)
     assert reweighted.rows_per_source(48) == first.rows_per_source(48)
     assert reweighted.state_dict()["mixture"]["weight_history"] == [(0, [0.3, 0.7]), (48, [0.9, 0.1])]
@@ -114,18 +130,26 @@ def test_validation_batches_come_per_source_and_are_tagged(tmp_path):
 def test_a_mixture_run_logs_each_source_and_resumes_exactly(tmp_path, tmp_path_factory):
     cache = tmp_path_factory.getbasetemp() / "cache"
     overrides = [o for o in TINY if not o.startswith("data.source")] + [
-        "data=mixture", "data.mixture.sherlock.source.max_documents=300", "+data.mixture.other_books.source.max_documents=600",
-        "token_budget=4096", "logger=csv", "callbacks.validation_schedule.every_n_steps=4",
+        "data=mixture",
+        "data.mixture.sherlock.source.max_documents=300",
+        "+data.mixture.other_books.source.max_documents=600",
+        "token_budget=4096",
+        "logger=csv",
+        "callbacks.validation_schedule.every_n_steps=4",
         "callbacks.model_checkpoint.every_n_train_steps=8",
-    ]  # fmt: skip
+    ]
     full = run_train(overrides, tmp_path / "full", cache)
     assert full.returncode == 0, full.stderr[-3000:]
     rows = load_run(tmp_path / "full").rows
     val = [row for row in rows if "val/loss/sherlock" in row]
     assert val and all("val/loss/other_books" in row and "val/loss" in row for row in val)
     train = [row for row in rows if "data/tokens/sherlock" in row]
-    assert all(row["data/tokens/sherlock"] + row["data/tokens/other_books"] == row["train/tokens_seen"] for row in train)
-    resumed = run_train(overrides + [f"ckpt_path={tmp_path / 'full/checkpoints/step000008.ckpt'}"], tmp_path / "resumed", cache)
+    assert all(
+        row["data/tokens/sherlock"] + row["data/tokens/other_books"] == row["train/tokens_seen"] for row in train
+    )
+    resumed = run_train(
+        overrides + [f"ckpt_path={tmp_path / 'full/checkpoints/step000008.ckpt'}"], tmp_path / "resumed", cache
+    )
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     keys = ("step", "train/loss", "data/tokens/sherlock")
     again = [tuple(row[k] for k in keys) for row in load_run(tmp_path / "resumed").rows if "train/loss" in row]

@@ -15,14 +15,21 @@ from common.errors import ConfigError
 
 LR = Range("optimizer.lr", 1e-3, 4e-3, "log", 2, 2.5e-4, 3.2e-2)
 H = Range("technique.diloco.sync_every", 10, 90, "log", 3, 1, 300)
-OPTIMIZER = Choice("technique.diloco.outer_optimizer", ({"momentum": 0.0, "nesterov": False}, {"momentum": 0.9, "nesterov": True}))
+OPTIMIZER = Choice(
+    "technique.diloco.outer_optimizer", ({"momentum": 0.0, "nesterov": False}, {"momentum": 0.9, "nesterov": True})
+)
 SPACE = SearchSpace((LR, H, OPTIMIZER))
 
 
 def loss(point: tuple[int, ...]) -> float:
     labels = SPACE.labels(point)
     nesterov = labels[OPTIMIZER.key].endswith("true")
-    return 1.5 + 0.02 * math.log2(float(labels[LR.key]) / 8e-3) ** 2 + 0.03 * math.log(float(labels[H.key]) / 30, 3) ** 2 + 0.02 * nesterov
+    return (
+        1.5
+        + 0.02 * math.log2(float(labels[LR.key]) / 8e-3) ** 2
+        + 0.03 * math.log(float(labels[H.key]) / 30, 3) ** 2
+        + 0.02 * nesterov
+    )
 
 
 def run(search: Search, noise_seed: int = 0) -> tuple[dict, list[list[tuple[int, ...]]]]:
@@ -96,7 +103,9 @@ def test_a_winner_at_the_extension_guard_is_not_bracketed_but_one_at_a_hard_limi
     assert Tuning(Search(SearchSpace((free,)), "coordinate"), results).statuses == {"x": NOT_BRACKETED}
     limited = Range("x", 1.0, 4.0, "log", 2, None, 16.0)
     assert limited.at_hard_limit(4, 1)
-    assert Tuning(Search(SearchSpace((limited,)), "coordinate"), {(i,): -float(i) for i in range(5)}).statuses == {"x": AT_LIMIT}
+    assert Tuning(Search(SearchSpace((limited,)), "coordinate"), {(i,): -float(i) for i in range(5)}).statuses == {
+        "x": AT_LIMIT
+    }
 
 
 def full_search(dimension: Range, best: float) -> Tuning:
@@ -151,10 +160,16 @@ def test_a_joint_search_needs_no_duplicate_runs_in_a_tiny_space() -> None:
 @pytest.mark.parametrize(
     ("anchors", "message"),
     [
-        ([{"optimizer.lr": 3e-3}], "optimizer.lr=0.003 is not a point of the search space; use a grid value within the search's span"),
+        (
+            [{"optimizer.lr": 3e-3}],
+            "optimizer.lr=0.003 is not a point of the search space; use a grid value within the search's span",
+        ),
         ([{"optimizer.lr": 6.4e-2}], "optimizer.lr=0.064 is not a point of the search space"),
         ([{"optimizer.beta2": 0.95}], "names ['optimizer.beta2'], which the arm does not search"),
-        ([{OPTIMIZER.key: {"momentum": 0.5, "nesterov": True}}], "use one of the listed values (momentum=0,nesterov=false, momentum=0.9,nesterov=true)"),
+        (
+            [{OPTIMIZER.key: {"momentum": 0.5, "nesterov": True}}],
+            "use one of the listed values (momentum=0,nesterov=false, momentum=0.9,nesterov=true)",
+        ),
         ({"optimizer.lr": 2e-3}, "must be a list of points"),
     ],
 )

@@ -38,7 +38,9 @@ def assert_close(actual: dict[str, float], expected: dict[str, float], rel: floa
 # ---------------------------------------------------------------- in process
 def fit(tmp_path: Path, overrides: list[str], ckpt_path: Path | None = None):
     """Train with the default callbacks (optimizer_stats among them); returns trainer and logged rows by step."""
-    cfg = compose_config(SETTINGS + ["logger=none"] + overrides + ([f"ckpt_path={ckpt_path}"] if ckpt_path else []), tmp_path)
+    cfg = compose_config(
+        SETTINGS + ["logger=none"] + overrides + ([f"ckpt_path={ckpt_path}"] if ckpt_path else []), tmp_path
+    )
     logger = MemoryLogger()
     _, trainer = fit_in_process(cfg, loggers=[logger])
     return trainer, {step: row for step, row in logger.rows if RATIO in row}
@@ -112,7 +114,11 @@ def test_state_round_trip_and_nan_losses():
     assert math.isnan(fake_step(callback, state, math.nan, optimizer)[RATIO])
     restored = OptimizerStatistics()
     restored.load_state_dict(callback.state_dict())
-    assert fake_step(restored, training_state(), 3.0, optimizer) == fake_step(callback, state, 3.0, optimizer) == {RATIO: 1.5}
+    assert (
+        fake_step(restored, training_state(), 3.0, optimizer)
+        == fake_step(callback, state, 3.0, optimizer)
+        == {RATIO: 1.5}
+    )
 
 
 # ---------------------------------------------------------------- 2 processes

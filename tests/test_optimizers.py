@@ -57,8 +57,18 @@ def tiny_model() -> Llama:
 
 
 def muon_settings(**overrides) -> MuonSettings:
-    values = dict(lr=0.02, weight_decay=0.1, grad_clip=1.0, momentum=0.95, nesterov=True, ns_steps=5,
-                  adjust_lr_fn="match_rms_adamw", ns_dtype="bfloat16", betas=[0.9, 0.95], eps=1e-8)  # fmt: skip
+    values = dict(
+        lr=0.02,
+        weight_decay=0.1,
+        grad_clip=1.0,
+        momentum=0.95,
+        nesterov=True,
+        ns_steps=5,
+        adjust_lr_fn="match_rms_adamw",
+        ns_dtype="bfloat16",
+        betas=[0.9, 0.95],
+        eps=1e-8,
+    )
     return MuonSettings(**{**values, **overrides})
 
 
@@ -70,15 +80,25 @@ def test_two_muon_steps_equal_the_float64_reference_and_adamw_its_own(ns_dtype, 
     AdamW exactly."""
     model, twin = tiny_model(), tiny_model()
     generator = torch.Generator().manual_seed(1)
-    steps = [{name: torch.randn(p.shape, generator=generator) for name, p in model.named_parameters()} for _ in range(2)]
+    steps = [
+        {name: torch.randn(p.shape, generator=generator) for name, p in model.named_parameters()} for _ in range(2)
+    ]
     optimizer = muon_settings(ns_dtype=ns_dtype).build(model, fused=False)
     names = {id(p): name for name, p in model.named_parameters()}
     hidden = {names[id(p)] for p in hidden_matrices(model)}
     assert len(hidden) == 2 * 7  # q, k, v, o, gate, up, down in each of 2 blocks
-    plain = torch.optim.AdamW([{"params": [p for n, p in twin.named_parameters() if n not in hidden and "norm" not in n],
-                                "weight_decay": 0.1},
-                               {"params": [p for n, p in twin.named_parameters() if "norm" in n], "weight_decay": 0.0}],
-                              lr=0.02, betas=(0.9, 0.95), eps=1e-8)  # fmt: skip
+    plain = torch.optim.AdamW(
+        [
+            {
+                "params": [p for n, p in twin.named_parameters() if n not in hidden and "norm" not in n],
+                "weight_decay": 0.1,
+            },
+            {"params": [p for n, p in twin.named_parameters() if "norm" in n], "weight_decay": 0.0},
+        ],
+        lr=0.02,
+        betas=(0.9, 0.95),
+        eps=1e-8,
+    )
     expected = {name: p.detach().double().clone() for name, p in model.named_parameters() if name in hidden}
     momentum = {name: torch.zeros_like(w) for name, w in expected.items()}
     for grads in steps:
@@ -110,8 +130,14 @@ def test_muon_in_bfloat16_steps_as_torch_muon(adjust_lr_fn):
     shapes = [(32, 96), (96, 32), (48, 48)]
     ours = [nn.Parameter(torch.randn(shape, generator=generator)) for shape in shapes]
     theirs = [nn.Parameter(p.detach().clone()) for p in ours]
-    settings = {"lr": 0.02, "weight_decay": 0.1, "momentum": 0.95, "nesterov": True, "ns_steps": 5,
-                "adjust_lr_fn": adjust_lr_fn}  # fmt: skip
+    settings = {
+        "lr": 0.02,
+        "weight_decay": 0.1,
+        "momentum": 0.95,
+        "nesterov": True,
+        "ns_steps": 5,
+        "adjust_lr_fn": adjust_lr_fn,
+    }
     optimizers = [Muon(ours, ns_dtype="bfloat16", **settings), torch.optim.Muon(theirs, **settings)]
     for _ in range(3):
         for mine, torchs in zip(ours, theirs, strict=True):
@@ -151,7 +177,13 @@ def test_muon_takes_the_hidden_matrices_and_adamw_the_rest():
     assert len(muon["params"]) + len(decayed["params"]) + len(gains["params"]) == len(list(model.parameters()))
 
 
-MUON = [*TINY, "optimizer=muon", "trainer.max_steps=4", "logger=csv", "callbacks.model_checkpoint.every_n_train_steps=2"]
+MUON = [
+    *TINY,
+    "optimizer=muon",
+    "trainer.max_steps=4",
+    "logger=csv",
+    "callbacks.model_checkpoint.every_n_train_steps=2",
+]
 
 
 def losses(run_dir: Path) -> list[float]:

@@ -61,7 +61,11 @@ def test_every_folder_of_an_installed_package_is_a_package():
 
 
 def test_no_module_edits_sys_path():
-    sources = [*ENTRY_POINTS, *REPO.glob("tests/*.py"), *(p for package in FIRST_PARTY for p in (REPO / package).rglob("*.py"))]
+    sources = [
+        *ENTRY_POINTS,
+        *REPO.glob("tests/*.py"),
+        *(p for package in FIRST_PARTY for p in (REPO / package).rglob("*.py")),
+    ]
     offenders = [path for path in sources if "sys.path.insert" in path.read_text() and path.name != "test_packaging.py"]
     assert not offenders, offenders
 
@@ -79,7 +83,13 @@ print(len(results))
 
 
 def run_as_after_the_readme_install(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(REPO / "tests" / "readme_install.py"), *args], cwd=REPO, capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, str(REPO / "tests" / "readme_install.py"), *args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 def test_the_default_searcher_runs_after_the_readme_install_alone() -> None:
@@ -92,4 +102,7 @@ def test_the_default_searcher_runs_after_the_readme_install_alone() -> None:
 def test_a_script_whose_extra_is_missing_says_which_in_one_line() -> None:
     done = run_as_after_the_readme_install("scripts/evaluate.py", "missing.ckpt")
     assert done.returncode == 2
-    assert done.stderr.strip() == 'error: scripts/evaluate.py needs lm_eval, which the eval extra installs: pip install -e ".[eval]"'
+    assert (
+        done.stderr.strip()
+        == 'error: scripts/evaluate.py needs lm_eval, which the eval extra installs: pip install -e ".[eval]"'
+    )

@@ -16,8 +16,14 @@ from study.preset import StudySpec
 from common.errors import ConfigError
 from tests.run_helpers import REPO, TINY, run_train
 
-SWEEP = [*TINY, "trainer.max_steps=4", "token_budget=null", "lr_schedule.name=constant", "logger=csv",
-         "callbacks.throughput.peak_flops_per_device=1e11"]  # fmt: skip
+SWEEP = [
+    *TINY,
+    "trainer.max_steps=4",
+    "token_budget=null",
+    "lr_schedule.name=constant",
+    "logger=csv",
+    "callbacks.throughput.peak_flops_per_device=1e11",
+]
 
 
 def last_logged(metrics: Path, key: str) -> float:
@@ -40,16 +46,23 @@ def sweep(tmp_path_factory) -> Path:
     """Two jobs of `python train.py -m`, differing only in the seed."""
     tmp = tmp_path_factory.mktemp("sweep")
     # hydra.mode=MULTIRUN is `-m` as an override: run_train puts its own overrides first.
-    result = run_train(["hydra.mode=MULTIRUN", f"hydra.sweep.dir={tmp / 'sweep'}", *SWEEP, "seed=1,2"],
-                       tmp / "unused", tmp_path_factory.getbasetemp() / "cache")  # fmt: skip
+    result = run_train(
+        ["hydra.mode=MULTIRUN", f"hydra.sweep.dir={tmp / 'sweep'}", *SWEEP, "seed=1,2"],
+        tmp / "unused",
+        tmp_path_factory.getbasetemp() / "cache",
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     return tmp / "sweep"
 
 
 def test_report_on_a_sweep_groups_the_seeds_and_plots_every_metric(sweep: Path, tmp_path: Path) -> None:
     out = tmp_path / "report"
-    result = subprocess.run([sys.executable, str(REPO / "scripts" / "report.py"), str(sweep), "--out", str(out)],
-                            capture_output=True, text=True, cwd=REPO)  # fmt: skip
+    result = subprocess.run(
+        [sys.executable, str(REPO / "scripts" / "report.py"), str(sweep), "--out", str(out)],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+    )
     assert result.returncode == 0, result.stderr
     for plot in PLOTS:
         assert (out / plot.file).read_bytes().startswith(b"\x89PNG"), plot.file
@@ -125,8 +138,14 @@ def test_the_rows_a_resumed_run_logged_again_are_replaced_by_the_new_ones(tmp_pa
     write_run(tmp_path / "run", "step,train/loss,val/loss", rows, [])
     run = load_run(tmp_path / "run")
     assert [(row["step"], row.get("train/loss"), row.get("val/loss")) for row in run.rows] == [
-        (1, 1.0, None), (2, 2.0, None), (2, None, 9.0), (3, 3.5, None), (4, 4.5, None), (4, None, 8.0), (5, 5.0, None)
-    ]  # fmt: skip
+        (1, 1.0, None),
+        (2, 2.0, None),
+        (2, None, 9.0),
+        (3, 3.5, None),
+        (4, 4.5, None),
+        (4, None, 8.0),
+        (5, 5.0, None),
+    ]
 
 
 def test_spikes_count_each_rise_above_the_threshold_once(tmp_path: Path) -> None:
@@ -148,11 +167,16 @@ def test_a_study_whose_preset_gained_an_arm_is_judged_by_its_newest_block(tmp_pa
     """Jobs 0-1 ran before arm `b` and its claim were appended; job 2 ran after: the report
     names b as an arm and judges the claim (it reads the last job's study block)."""
     old = {"arms": {"a": ["x=1"]}, "seeds": [1]}
-    new = {"arms": {"a": ["x=1"], "b": ["x=2"]}, "seeds": [1],
-           "claims": [{"arm": "b", "baseline": "a", "expect": {"val/loss": {"lower_than": 0.0}}}]}  # fmt: skip
+    new = {
+        "arms": {"a": ["x=1"], "b": ["x=2"]},
+        "seeds": [1],
+        "claims": [{"arm": "b", "baseline": "a", "expect": {"val/loss": {"lower_than": 0.0}}}],
+    }
     for job, (arm, seed, block) in enumerate([("a", 1, old), ("a", 2, old), ("b", 1, new)]):
         folder = tmp_path / "sweep" / str(job)
-        write_run(folder, "step,val/loss", [f"1,{2.0 + job}"], [f"x={1 + (arm == 'b')}", f"study.arm={arm}", f"seed={seed}"])
+        write_run(
+            folder, "step,val/loss", [f"1,{2.0 + job}"], [f"x={1 + (arm == 'b')}", f"study.arm={arm}", f"seed={seed}"]
+        )
         (folder / "csv" / "hparams.yaml").write_text(yaml.safe_dump({"seed": seed, "study": {**block, "arm": arm}}))
     report = build_report(find_runs([tmp_path / "sweep"]))
     assert [group.name for group in report.groups] == ["a", "b"]
@@ -160,14 +184,24 @@ def test_a_study_whose_preset_gained_an_arm_is_judged_by_its_newest_block(tmp_pa
 
 
 def test_the_pareto_front_keeps_the_points_nothing_beats() -> None:
-    points = {"a": (10.0, 3.0), "b": (20.0, 2.5), "c": (20.0, 2.7), "d": (40.0, 2.6), "e": (80.0, 2.0), "f": (10.0, 3.0)}
+    points = {
+        "a": (10.0, 3.0),
+        "b": (20.0, 2.5),
+        "c": (20.0, 2.7),
+        "d": (40.0, 2.6),
+        "e": (80.0, 2.0),
+        "f": (10.0, 3.0),
+    }
     # brute force: c is beaten by b (same x, lower y), d by b (less x, lower y); a and f tie
     assert pareto_front(points) == ["a", "f", "b", "e"]
 
 
 def test_a_study_with_a_front_claim_plots_the_front(tmp_path: Path) -> None:
-    study = {"arms": {"c16": ["b=16"], "c64": ["b=64"], "adaptive": ["t=a"]}, "seeds": [1, 2],
-             "claims": [{"arm": "adaptive", "front": ["c16", "c64"]}]}  # fmt: skip
+    study = {
+        "arms": {"c16": ["b=16"], "c64": ["b=64"], "adaptive": ["t=a"]},
+        "seeds": [1, 2],
+        "claims": [{"arm": "adaptive", "front": ["c16", "c64"]}],
+    }
     runs = [("c16", 100, 2.0), ("c64", 25, 2.3), ("adaptive", 40, 2.1)]
     for job, ((arm, steps, loss), seed) in enumerate((r, seed) for r in runs for seed in (1, 2)):
         folder = tmp_path / "sweep" / str(job)
@@ -177,7 +211,10 @@ def test_a_study_with_a_front_claim_plots_the_front(tmp_path: Path) -> None:
     report = build_report(find_runs([tmp_path / "sweep"]))
     write_report(report, tmp_path / "out")
     assert (tmp_path / "out" / "front.png").read_bytes().startswith(b"\x89PNG")
-    assert "![final loss against optimizer steps, with the front](front.png)" in (tmp_path / "out" / "report.md").read_text()
+    assert (
+        "![final loss against optimizer steps, with the front](front.png)"
+        in (tmp_path / "out" / "report.md").read_text()
+    )
 
 
 def test_band_interpolates_seeds_onto_the_x_values_they_share() -> None:
@@ -204,10 +241,15 @@ def test_a_study_crossed_with_one_number_gets_its_headline_figure(tmp_path: Path
     learning rate, and each point is the arm's mean at that rate."""
     from analysis.report import crossed_axis
 
-    study = {"arms": {"base": [], "warm": ["+technique=seq_len_warmup"]}, "seeds": [1, 2],
-             "columns": ["max(stability/loss_spike_ratio)"]}  # fmt: skip
+    study = {
+        "arms": {"base": [], "warm": ["+technique=seq_len_warmup"]},
+        "seeds": [1, 2],
+        "columns": ["max(stability/loss_spike_ratio)"],
+    }
     losses = {}
-    for job, (arm, lr, seed) in enumerate((a, lr, s) for a in ("base", "warm") for lr in (1e-3, 4e-3, 1.6e-2) for s in (1, 2)):
+    for job, (arm, lr, seed) in enumerate(
+        (a, lr, s) for a in ("base", "warm") for lr in (1e-3, 4e-3, 1.6e-2) for s in (1, 2)
+    ):
         folder = tmp_path / "sweep" / str(job)
         (folder / "csv").mkdir(parents=True)
         (folder / ".hydra").mkdir()
@@ -216,7 +258,9 @@ def test_a_study_crossed_with_one_number_gets_its_headline_figure(tmp_path: Path
         overrides = [*study["arms"][arm], f"optimizer.lr={lr}", f"study.arm={arm}", f"seed={seed}"]
         (folder / ".hydra" / "overrides.yaml").write_text(yaml.safe_dump(overrides))
         (folder / "csv" / "hparams.yaml").write_text(yaml.safe_dump({"seed": seed, "study": {"arm": arm, **study}}))
-        (folder / "csv" / "metrics.csv").write_text(f"step,train/tokens_seen,val/loss,stability/loss_spike_ratio\n5,100,{loss},1.1\n")
+        (folder / "csv" / "metrics.csv").write_text(
+            f"step,train/tokens_seen,val/loss,stability/loss_spike_ratio\n5,100,{loss},1.1\n"
+        )
     report = build_report(find_runs([tmp_path / "sweep"]))
     key, values = crossed_axis(report.judged_groups, report.spec)
     assert key == "optimizer.lr" and sorted(set(values.values())) == [1e-3, 4e-3, 1.6e-2]

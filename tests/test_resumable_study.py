@@ -22,9 +22,16 @@ from tests.run_helpers import REPO, TINY, run_sweep, run_train
 
 # The arms set optimizer.lr, and the command line would win over them: TINY's own LR is left out.
 ARMS_SET = [o for o in TINY if not o.startswith("optimizer.lr=")]
-STUDY = ["hydra.mode=MULTIRUN", f"hydra.searchpath=[file://{REPO / 'tests' / 'configs'}]", "+sweep=tiny_study",
-         *ARMS_SET, "token_budget=1536", "callbacks.model_checkpoint.every_n_train_steps=2",
-         "callbacks.validation_schedule.every_n_steps=3", "callbacks.progress_bar.line_interval_s=0.01"]  # fmt: skip
+STUDY = [
+    "hydra.mode=MULTIRUN",
+    f"hydra.searchpath=[file://{REPO / 'tests' / 'configs'}]",
+    "+sweep=tiny_study",
+    *ARMS_SET,
+    "token_budget=1536",
+    "callbacks.model_checkpoint.every_n_train_steps=2",
+    "callbacks.validation_schedule.every_n_steps=3",
+    "callbacks.progress_bar.line_interval_s=0.01",
+]
 
 
 sweep = partial(run_sweep, STUDY)
@@ -54,8 +61,12 @@ def test_arms_times_seeds_run_as_numbered_jobs(study) -> None:
 
 def test_the_report_groups_seeds_and_judges_the_claims(study, tmp_path: Path) -> None:
     folder, _, _ = study
-    result = subprocess.run([sys.executable, str(REPO / "scripts" / "report.py"), str(folder), "--out", str(tmp_path)],
-                            capture_output=True, text=True, cwd=REPO)  # fmt: skip
+    result = subprocess.run(
+        [sys.executable, str(REPO / "scripts" / "report.py"), str(folder), "--out", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+    )
     assert result.returncode == 0, result.stderr
     rows = {line.split(" | ")[0].strip("| "): line for line in result.stdout.splitlines() if line.startswith("| ")}
     assert "± " in rows["low_lr"] and "2 (1, 2)" in rows["high_lr"]
@@ -170,8 +181,15 @@ def test_sigterm_during_a_sweep_job_ends_the_sweep_and_the_same_command_resumes(
     """A preempted sweep stops after the job in training saved its checkpoint; it does not go
     on to the next job (nor, in a tuned study, run the stopped one again)."""
     folder, cache = tmp_path / "sweep", tmp_path / "cache"
-    command = [sys.executable, str(REPO / "train.py"), *STUDY, f"hydra.sweep.dir={folder}", f"paths.cache_dir={cache}",
-               "+callbacks.pace._target_=benchmarks.pace.Pace", "+callbacks.pace.seconds=0.5"]  # fmt: skip
+    command = [
+        sys.executable,
+        str(REPO / "train.py"),
+        *STUDY,
+        f"hydra.sweep.dir={folder}",
+        f"paths.cache_dir={cache}",
+        "+callbacks.pace._target_=benchmarks.pace.Pace",
+        "+callbacks.pace.seconds=0.5",
+    ]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "WANDB_MODE": "offline", "OMP_NUM_THREADS": "1"}
     process = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     checkpoint = folder / "0" / "checkpoints" / "step000002.ckpt"

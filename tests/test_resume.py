@@ -12,8 +12,6 @@ from tests.run_helpers import train_losses, OBSERVED, REPO, TINY, checkpoint_wei
 STEPS = 9
 
 
-
-
 @pytest.fixture(scope="module")
 def cache(tmp_path_factory):
     return tmp_path_factory.getbasetemp() / "cache"
@@ -51,9 +49,16 @@ def test_stop_at_max_steps_then_resume(uninterrupted, tmp_path, cache):
 
 def test_sigterm_saves_mid_accumulation_and_resumes_exactly(uninterrupted, tmp_path, cache):
     """SIGTERM (preemption) lands while a step accumulates its 4 micro-batches."""
-    command = [sys.executable, str(REPO / "train.py"), f"hydra.run.dir={tmp_path / 'killed'}",
-               f"paths.cache_dir={cache}", *TINY, *OBSERVED, f"trainer.max_steps={STEPS}",
-               "+callbacks.slow._target_=tests.slow_steps.SlowSteps"]
+    command = [
+        sys.executable,
+        str(REPO / "train.py"),
+        f"hydra.run.dir={tmp_path / 'killed'}",
+        f"paths.cache_dir={cache}",
+        *TINY,
+        *OBSERVED,
+        f"trainer.max_steps={STEPS}",
+        "+callbacks.slow._target_=tests.slow_steps.SlowSteps",
+    ]
     process = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     seen = ""
     while "SLOW STEP 3" not in seen:  # printed by the slow-down callback in micro-batch 2 of step 4

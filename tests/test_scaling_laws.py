@@ -154,12 +154,19 @@ def llama_parameters(d_model: int, n_layers: int, vocab: int, mlp: int) -> int:
 def write_fake_run(folder: Path, d_model: int, replicas: int | None, lr: float, batch: int, loss: float | None) -> None:
     """A run folder as train.py logger=csv leaves it, written by hand."""
     config = {
-        "model": {"_target_": "lightning_modules.llama.LlamaSettings", "vocab_size": 320, "n_layers": 2,
-                  "d_model": d_model, "n_heads": 4, "n_kv_heads": 4, "mlp_hidden": 2 * d_model},
+        "model": {
+            "_target_": "lightning_modules.llama.LlamaSettings",
+            "vocab_size": 320,
+            "n_layers": 2,
+            "d_model": d_model,
+            "n_heads": 4,
+            "n_kv_heads": 4,
+            "mlp_hidden": 2 * d_model,
+        },
         "optimizer": {"lr": lr},
         "batch": {"global_batch_size": batch},
         "data": {"seq_len": 64},
-    }  # fmt: skip
+    }
     if replicas is not None:
         config["technique"] = {"diloco": {"replicas": replicas, "sync_every": 30}}
     (folder / "csv").mkdir(parents=True)
@@ -213,8 +220,16 @@ def test_fits_over_runs_on_disk(fake_sweep: Path) -> None:
 
 def test_cli_prints_fits_predicts_and_writes_a_png(fake_sweep: Path, tmp_path: Path) -> None:
     png = tmp_path / "fit.png"
-    command = [sys.executable, str(REPO / "scripts" / "fit_scaling_laws.py"), str(fake_sweep),
-               "--predict", "1e6", "--offset", "--out", str(png)]  # fmt: skip
+    command = [
+        sys.executable,
+        str(REPO / "scripts" / "fit_scaling_laws.py"),
+        str(fake_sweep),
+        "--predict",
+        "1e6",
+        "--offset",
+        "--out",
+        str(png),
+    ]
     result = subprocess.run(command, capture_output=True, text=True, cwd=REPO)
     assert result.returncode == 0, result.stderr
     assert png.read_bytes().startswith(b"\x89PNG")
@@ -229,15 +244,24 @@ def test_cli_prints_fits_predicts_and_writes_a_png(fake_sweep: Path, tmp_path: P
 
 def test_cli_paper_table_compares_fits_and_extrapolations(tmp_path: Path) -> None:
     png = tmp_path / "paper.png"
-    command = [sys.executable, str(REPO / "scripts" / "fit_scaling_laws.py"), "--table", "paper",
-               "--predict", "4e9", "--out", str(png)]  # fmt: skip
+    command = [
+        sys.executable,
+        str(REPO / "scripts" / "fit_scaling_laws.py"),
+        "--table",
+        "paper",
+        "--predict",
+        "4e9",
+        "--out",
+        str(png),
+    ]
     result = subprocess.run(command, capture_output=True, text=True, cwd=REPO)
     assert result.returncode == 0, result.stderr
     assert png.read_bytes().startswith(b"\x89PNG")
     assert "| M=8 | 1,300,000,000 | 2.4930 |" in result.stdout and "| M=8 | 2,400,000,000 | 2.3510 |" in result.stdout
     number = r"([-\d.e+]+)\(±[^)]*\)"
-    joint = re.search(rf"\| L\(N, M\) \| L = {number} N\^{number} M\^{number} \| L = 19.226 N\^-0.0985 M\^0.0116 \|",
-                      result.stdout)  # fmt: skip
+    joint = re.search(
+        rf"\| L\(N, M\) \| L = {number} N\^{number} M\^{number} \| L = 19.226 N\^-0.0985 M\^0.0116 \|", result.stdout
+    )
     assert joint and tuple(map(float, joint.groups())) == pytest.approx((19.25, -0.0986, 0.0116), rel=2e-3)
     dp = "| L(N) DP | L = 18.17(±0.47) N^-0.09539(±0.0013) | L = 18.129 N^-0.0953 | +0.23% | +0.09% | - |"
     assert dp in result.stdout

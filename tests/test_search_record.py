@@ -17,7 +17,12 @@ from study.search_space import Range, SearchSpace
 from study.tuner import Search
 from common.errors import ConfigError
 
-SPACE = SearchSpace((Range("optimizer.lr", 1e-3, 4e-3, "log", 2, 2.5e-4, 3.2e-2), Range("technique.diloco.sync_every", 10, 90, "log", 3, 1, 300)))
+SPACE = SearchSpace(
+    (
+        Range("optimizer.lr", 1e-3, 4e-3, "log", 2, 2.5e-4, 3.2e-2),
+        Range("technique.diloco.sync_every", 10, 90, "log", 3, 1, 300),
+    )
+)
 ANCHORS = ((0, 0),)
 # TPE: the record is the sampler's whatever it is, and TPE asks in milliseconds where the GP takes seconds.
 SETTINGS = dict(space=SPACE, sampler="tpe", seed=0, budget=12, round_size=4, anchors=ANCHORS)
@@ -56,7 +61,11 @@ def test_a_resume_with_other_numerics_continues_the_recorded_search(tmp_path: Pa
     assert set(without) - set(results)
     # With the record, the finished rounds stand as recorded, the searcher's own points with them,
     # and the next round is the third of the same search.
-    assert {p for r in first_two for p in r} <= set(results) and resumed.pending and not set(resumed.pending) & set(results)
+    assert (
+        {p for r in first_two for p in r} <= set(results)
+        and resumed.pending
+        and not set(resumed.pending) & set(results)
+    )
     assert (set(first_two[0]) | set(first_two[1])) - set(ANCHORS) <= resumed.own
     trials = record(tmp_path).storage.get_all_trials(record(tmp_path).study_id)
     assert {t.user_attrs["round"] for t in trials} == {0, 1, 2}
@@ -75,7 +84,9 @@ def test_two_workers_recording_the_same_round_keep_the_first(tmp_path: Path) -> 
 
 def test_a_record_another_study_wrote_is_refused(tmp_path: Path) -> None:
     record(tmp_path)
-    with pytest.raises(ConfigError, match="the study record's search 'm1' was written by another study .* use a new hydra.sweep.dir"):
+    with pytest.raises(
+        ConfigError, match="the study record's search 'm1' was written by another study .* use a new hydra.sweep.dir"
+    ):
         record(tmp_path, anchors=((1, 1),))
 
 
@@ -103,5 +114,7 @@ def test_optuna_dashboard_lists_the_recorded_search_and_its_trials(tmp_path: Pat
     assert [s["study_name"] for s in studies] == ["m1"]
     trials = get(f"/api/studies/{studies[0]['study_id']}")["trials"]
     complete = [t for t in trials if t["state"] == "Complete"]
-    assert len(trials) >= 8 and len(complete) >= 4 and all(math.isfinite(t["values"][0]) for t in complete)  # the last round runs
+    assert (
+        len(trials) >= 8 and len(complete) >= 4 and all(math.isfinite(t["values"][0]) for t in complete)
+    )  # the last round runs
     assert {p["name"] for p in complete[0]["params"]} == {"x0", "x1"}

@@ -8,11 +8,21 @@ import torch
 from callbacks.seq_len_warmup.cutting import reshape, truncate
 from common.errors import ConfigError
 from settings.from_config import read_settings
-from tests.run_helpers import OBSERVED, TINY, MemoryLogger, checkpoint_weights, compose_config, fit_in_process, run_train
+from tests.run_helpers import (
+    OBSERVED,
+    TINY,
+    MemoryLogger,
+    checkpoint_weights,
+    compose_config,
+    fit_in_process,
+    run_train,
+)
 
 
 def warmup_overrides(**settings) -> list[str]:
-    return ["+technique=seq_len_warmup"] + [f"technique.seq_len_warmup.{key}={value}" for key, value in settings.items()]
+    return ["+technique=seq_len_warmup"] + [
+        f"technique.seq_len_warmup.{key}={value}" for key, value in settings.items()
+    ]
 
 
 def warmup_settings(tmp_path, seq_len: int = 64, **settings):
@@ -24,15 +34,23 @@ def warmup_settings(tmp_path, seq_len: int = 64, **settings):
     ("settings", "expected"),
     [
         # floor(8 + 56 t/10), minus its remainder mod 8: t=1 -> 13 -> 8, t=3 -> 24, t=5 -> 36 -> 32
-        (dict(schedule_type="fixed_linear", min_difficulty=8, max_difficulty=64, total_curriculum_step=10),
-         {1: 8, 3: 24, 5: 32, 9: 56, 10: 64, 50: 64}),
+        (
+            dict(schedule_type="fixed_linear", min_difficulty=8, max_difficulty=64, total_curriculum_step=10),
+            {1: 8, 3: 24, 5: 32, 9: 56, 10: 64, 50: 64},
+        ),
         # floor(8 + 56 sqrt(t/10)): t=1 -> 25 -> 24, t=4 -> 43 -> 40, t=9 -> 61 -> 56
-        (dict(schedule_type="fixed_root", min_difficulty=8, max_difficulty=64, total_curriculum_step=10,
-              root_degree=2), {1: 24, 4: 40, 9: 56, 10: 64, 11: 64}),
-        (dict(schedule_type="fixed_discrete", difficulty=[16, 32, 64], max_step=[5, 10]),
-         {1: 16, 5: 16, 6: 32, 10: 32, 11: 64}),
+        (
+            dict(
+                schedule_type="fixed_root", min_difficulty=8, max_difficulty=64, total_curriculum_step=10, root_degree=2
+            ),
+            {1: 24, 4: 40, 9: 56, 10: 64, 11: 64},
+        ),
+        (
+            dict(schedule_type="fixed_discrete", difficulty=[16, 32, 64], max_step=[5, 10]),
+            {1: 16, 5: 16, 6: 32, 10: 32, 11: 64},
+        ),
     ],
-)  # fmt: skip
+)
 def test_schedule_matches_hand_computed_values(settings, expected, tmp_path):
     warmup = warmup_settings(tmp_path, **{k: str(v).replace(" ", "") for k, v in settings.items()})
     assert {step: warmup.length_at(step, packed_length=64) for step in expected} == expected
@@ -85,12 +103,23 @@ class FullLengthValidation(L.Callback):
 
 def fit(tmp_path, overrides: list[str]):
     """Six steps; per step (tokens before it, its LR, its trained length) from the logged rows."""
-    cfg = compose_config(TINY + ["trainer.max_steps=6", "lr_schedule.warmup_steps=1", "logger=none",
-                                 "callbacks.validation_schedule.every_n_steps=2"] + overrides, tmp_path)  # fmt: skip
+    cfg = compose_config(
+        TINY
+        + [
+            "trainer.max_steps=6",
+            "lr_schedule.warmup_steps=1",
+            "logger=none",
+            "callbacks.validation_schedule.every_n_steps=2",
+        ]
+        + overrides,
+        tmp_path,
+    )
     logger = MemoryLogger()
     module, _ = fit_in_process(cfg, callbacks=[FullLengthValidation()], loggers=[logger])
     rows = [row for _, row in logger.rows if "train/lr" in row]
-    steps = [(row["train/tokens_seen"] - 8 * row["train/seq_len"], row["train/lr"], row["train/seq_len"]) for row in rows]
+    steps = [
+        (row["train/tokens_seen"] - 8 * row["train/seq_len"], row["train/lr"], row["train/seq_len"]) for row in rows
+    ]
     return module, steps
 
 
@@ -118,7 +147,9 @@ def test_resume_mid_warmup_gives_identical_weights(tmp_path):
     first = run_train(base + ["trainer.max_steps=3"], tmp_path / "first", cache)
     assert first.returncode == 0, first.stderr[-3000:]
     resumed = run_train(
-        base + ["trainer.max_steps=8", f"ckpt_path={tmp_path / 'first/checkpoints/last.ckpt'}"], tmp_path / "resumed", cache
+        base + ["trainer.max_steps=8", f"ckpt_path={tmp_path / 'first/checkpoints/last.ckpt'}"],
+        tmp_path / "resumed",
+        cache,
     )
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     expected = checkpoint_weights(tmp_path / "full/checkpoints/last.ckpt")

@@ -17,10 +17,13 @@ from common.errors import ConfigError
 FIVE_LOOKS = (0.2, 0.4, 0.6, 0.8, 1.0)
 
 
-@pytest.mark.parametrize(("spending", "published"), [
-    ("obrien_fleming", (4.877, 3.357, 2.680, 2.290, 2.031)),  # Lan-DeMets O'Brien-Fleming-type, one-sided 2.5%
-    ("pocock", (2.438, 2.427, 2.410, 2.397, 2.386)),  # Lan-DeMets Pocock-type
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("spending", "published"),
+    [
+        ("obrien_fleming", (4.877, 3.357, 2.680, 2.290, 2.031)),  # Lan-DeMets O'Brien-Fleming-type, one-sided 2.5%
+        ("pocock", (2.438, 2.427, 2.410, 2.397, 2.386)),  # Lan-DeMets Pocock-type
+    ],
+)
 def test_boundaries_equal_the_published_five_look_designs(spending: str, published: tuple[float, ...]) -> None:
     z = stats.norm.isf(np.array(nominal_levels(0.025, FIVE_LOOKS, spending)))
     assert z == pytest.approx(published, abs=2e-3)
@@ -37,9 +40,14 @@ def test_crossing_chances_equal_the_spent_level_in_a_monte_carlo_of_the_motion()
     assert by_look == pytest.approx(expected, abs=4 * np.sqrt(0.025 / 400_000))
 
 
-SPEC = {"arms": {"arm": [], "base": []}, "tuning_seeds": [1], "budget": 4, "search": {"optimizer.lr": {"low": 1e-3, "high": 4e-3}},
-        "seeds": {"first": [2, 3, 4], "max": 8},
-        "claims": [{"arm": "arm", "baseline": "base", "margin": 0.01, "expect": {"val/loss": {"lower_than": 0.0}}}]}  # fmt: skip
+SPEC = {
+    "arms": {"arm": [], "base": []},
+    "tuning_seeds": [1],
+    "budget": 4,
+    "search": {"optimizer.lr": {"low": 1e-3, "high": 4e-3}},
+    "seeds": {"first": [2, 3, 4], "max": 8},
+    "claims": [{"arm": "arm", "baseline": "base", "margin": 0.01, "expect": {"val/loss": {"lower_than": 0.0}}}],
+}
 STUDIES = 3000
 
 
@@ -66,5 +74,8 @@ def test_a_false_superiority_claim_holds_no_more_often_than_the_level() -> None:
 
 
 def test_an_unknown_error_control_names_the_choices() -> None:
-    with pytest.raises(ConfigError, match="study.seeds.error_control='bonferroni' is not an error control; use one of obrien_fleming, pocock"):
+    with pytest.raises(
+        ConfigError,
+        match="study.seeds.error_control='bonferroni' is not an error control; use one of obrien_fleming, pocock",
+    ):
         StudySpec.from_config({**SPEC, "seeds": {"first": [2, 3, 4], "max": 8, "error_control": "bonferroni"}})

@@ -122,4 +122,6 @@ def test_each_check_phase_reaches_every_section_of_the_tree(tmp_path, monkeypatc
     settings.check()
     settings.check_services(lambda: 256)
     for phase in ("check", "check_services"):
-        assert sorted(cls.__name__ for name, cls in called if name == phase) == sorted(type(s).__name__ for s in expected)
+        assert sorted(cls.__name__ for name, cls in called if name == phase) == sorted(
+            type(s).__name__ for s in expected
+        )

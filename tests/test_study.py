@@ -27,7 +27,9 @@ def test_spread_and_difference_interval_equal_the_textbook_formulas() -> None:
     error = math.sqrt(np.var(a, ddof=1) / 3 + np.var(b, ddof=1) / 4)
     half = stats.t.ppf(0.975, 2) * error  # min(n) - 1 degrees of freedom
     difference = np.mean(a) - np.mean(b)
-    assert (estimate.value, *estimate.bounds(0.025)) == pytest.approx((difference, difference - half, difference + half), rel=1e-3)
+    assert (estimate.value, *estimate.bounds(0.025)) == pytest.approx(
+        (difference, difference - half, difference + half), rel=1e-3
+    )
 
 
 def test_spreads_print_at_their_precision_and_a_small_counts_fraction_is_kept() -> None:
@@ -47,7 +49,13 @@ def test_ratio_interval_follows_the_delta_method() -> None:
 
 # Paired per-seed losses (8 seeds) on which each test is checked against scipy's one-sided t-tests.
 BASE = np.array([1.5360, 1.5107, 1.5241, 1.5201, 1.5399, 1.5212, 1.5295, 1.5186])
-SHIFTS = {"clearly lower": -0.03, "slightly lower": -0.012, "equal": 0.0, "slightly higher": 0.012, "clearly higher": 0.03}
+SHIFTS = {
+    "clearly lower": -0.03,
+    "slightly lower": -0.012,
+    "equal": 0.0,
+    "slightly higher": 0.012,
+    "clearly higher": 0.03,
+}
 NOISE = np.array([0.004, -0.011, 0.006, 0.013, -0.009, 0.002, -0.007, 0.001])
 
 
@@ -72,10 +80,21 @@ def scipy_verdict(name: str, threshold: float, d: np.ndarray, better: str = "low
 
 
 @pytest.mark.parametrize("shift", list(SHIFTS))
-@pytest.mark.parametrize(("name", "threshold", "better"), [("lower_than", 0.0, "lower"), ("lower_than", -0.01, "lower"),
-                         ("higher_than", 0.0, "lower"), ("no_worse_than", 0.01, "lower"), ("no_worse_than", 0.01, "higher"),
-                         ("within", 0.02, "lower"), ("within", 0.01, "lower")])  # fmt: skip
-def test_each_test_is_scipys_t_test_on_the_per_seed_differences(shift: str, name: str, threshold: float, better: str) -> None:
+@pytest.mark.parametrize(
+    ("name", "threshold", "better"),
+    [
+        ("lower_than", 0.0, "lower"),
+        ("lower_than", -0.01, "lower"),
+        ("higher_than", 0.0, "lower"),
+        ("no_worse_than", 0.01, "lower"),
+        ("no_worse_than", 0.01, "higher"),
+        ("within", 0.02, "lower"),
+        ("within", 0.01, "lower"),
+    ],
+)
+def test_each_test_is_scipys_t_test_on_the_per_seed_differences(
+    shift: str, name: str, threshold: float, better: str
+) -> None:
     arm = BASE + SHIFTS[shift] + NOISE
     seeds = tuple(range(2, 10))
     estimate = paired(Spread(tuple(arm), seeds), Spread(tuple(BASE), seeds), "difference")
@@ -115,7 +134,9 @@ def claim(**entry) -> StudySpec:
 
 
 def test_a_claim_with_two_conditions_fails_if_one_fails() -> None:
-    spec = claim(arm="large", baseline="small", expect={"val/loss": {"no_worse_than": 0.01}, "steps": {"ratio_lower_than": 0.7}})
+    spec = claim(
+        arm="large", baseline="small", expect={"val/loss": {"no_worse_than": 0.01}, "steps": {"ratio_lower_than": 0.7}}
+    )
     groups = {
         "large": {"val/loss": Spread((2.0000, 2.0002)), "steps": Spread((25.0, 25.0))},
         "small": {"val/loss": Spread((2.0000, 2.0001)), "steps": Spread((100.0, 100.0))},
@@ -130,8 +151,12 @@ def test_a_claim_on_lists_of_arms_compares_the_best_of_each() -> None:
     arms = {name: [f"x={i}"] for i, name in enumerate(["a1", "a2", "b1", "b2"])}
     entry = {"arm": ["a1", "a2"], "baseline": ["b1", "b2"], "expect": {"val/loss": {"lower_than": 0.0}}}
     spec = StudySpec.from_config({"arms": arms, "seeds": [1, 2, 3], "claims": [entry]})
-    groups = {"a1": {"val/loss": Spread((2.100, 2.101, 2.102))}, "a2": {"val/loss": Spread((2.000, 2.001, 2.002))},
-              "b1": {"val/loss": Spread((2.050, 2.051, 2.052))}, "b2": {"val/loss": Spread((2.300, 2.301, 2.302))}}  # fmt: skip
+    groups = {
+        "a1": {"val/loss": Spread((2.100, 2.101, 2.102))},
+        "a2": {"val/loss": Spread((2.000, 2.001, 2.002))},
+        "b1": {"val/loss": Spread((2.050, 2.051, 2.052))},
+        "b2": {"val/loss": Spread((2.300, 2.301, 2.302))},
+    }
     verdict = judge_claim(spec.claims[0], groups)
     # a2 (mean 2.001) against b1 (2.051): -0.05, interval +-0.0035 (t 4.303 x 0.00082)
     assert verdict.measured[0] == "best by val/loss: a2 against b1" and "difference -0.05 " in verdict.measured[1]
@@ -142,11 +167,16 @@ def test_a_claim_on_lists_of_arms_compares_the_best_of_each() -> None:
 
 def test_a_front_claim_is_below_on_or_above_the_front() -> None:
     spec = StudySpec.from_config(
-        {"arms": {**ARMS, "adaptive": ["+technique=adaptive_batch"]}, "seeds": [1, 2],
-         "claims": [{"arm": "adaptive", "front": ["small", "large"]}]}  # fmt: skip
+        {
+            "arms": {**ARMS, "adaptive": ["+technique=adaptive_batch"]},
+            "seeds": [1, 2],
+            "claims": [{"arm": "adaptive", "front": ["small", "large"]}],
+        }
     )
-    front = {"small": {"steps": Spread((100.0, 100.0)), "val/loss": Spread((2.00, 2.01))},
-             "large": {"steps": Spread((25.0, 25.0)), "val/loss": Spread((2.30, 2.31))}}  # fmt: skip
+    front = {
+        "small": {"steps": Spread((100.0, 100.0)), "val/loss": Spread((2.00, 2.01))},
+        "large": {"steps": Spread((25.0, 25.0)), "val/loss": Spread((2.30, 2.31))},
+    }
 
     def verdict(steps: float, losses: tuple[float, float]) -> str:
         groups = {**front, "adaptive": {"steps": Spread((steps, steps)), "val/loss": Spread(losses)}}
@@ -163,21 +193,68 @@ def test_a_front_claim_is_below_on_or_above_the_front() -> None:
     [
         ({"arms": ARMS, "seeds": [1, 1]}, "distinct integers"),
         ({"arms": {"a": "optimizer.lr=1"}, "seeds": [1]}, "study.arms.a must be a list of overrides"),
-        ({"arms": ARMS, "seeds": [1], "claims": [{"arm": "huge", "baseline": "small", "expect": {"val/loss": {"lower_than": 0}}}]},
-         r"study.claims\[0\] names 'huge', which is not an arm"),
-        ({"arms": ARMS, "seeds": [1], "claims": [{"arm": "large", "baseline": "small", "expect": {"val/loss": {"below": 0}}}]},
-         r"study.claims\[0\].expect.val/loss.below is not a test; use one of lower_than, higher_than, no_worse_than, within, ratio_lower_than"),
-        ({"arms": ARMS, "seeds": [1], "claims": [{"arm": "large", "baseline": "small", "expect": {"val/loss": {"difference_at_most": 0.01}}}]},
-         "difference_at_most is ambiguous and retired: name the test, lower_than .* or no_worse_than"),
-        ({"arms": ARMS, "seeds": [1], "claims": [{"arm": "large", "baseline": "small", "expect": {"val/loss": {"lower_than": 0.01}}}]},
-         r"lower_than=0.01 claims superiority, so it must be <= 0 .* use no_worse_than"),
-        ({"arms": ARMS, "seeds": [1], "claims": [{"arm": "large", "baseline": "small", "expect": {"val/loss": {"within": -0.01}}}]},
-         r"within=-0.01 is a margin and must be > 0, e.g. within: 0.01"),
-        ({"arms": ARMS, "seeds": [1], "claims": [{"arm": "large", "baseline": "small", "expect": {"steps": {"ratio_no_worse_than": 0.9}}}]},
-         r"ratio_no_worse_than=0.9 is a margin and must be > 1, e.g. ratio_no_worse_than: 1.05"),
-        ({"arms": ARMS, "seeds": [1], "claims": [{"arm": "large", "baseline": "small", "better": "up", "expect": {"val/loss": {"within": 0.01}}}]},
-         r"study.claims\[0\].better='up' must be lower or higher"),
-        ({"arms": ARMS, "seeds": {"first": [1, 2], "max": 4}}, "study.seeds.max: only a tuned study adds judging seeds in rounds"),
+        (
+            {
+                "arms": ARMS,
+                "seeds": [1],
+                "claims": [{"arm": "huge", "baseline": "small", "expect": {"val/loss": {"lower_than": 0}}}],
+            },
+            r"study.claims\[0\] names 'huge', which is not an arm",
+        ),
+        (
+            {
+                "arms": ARMS,
+                "seeds": [1],
+                "claims": [{"arm": "large", "baseline": "small", "expect": {"val/loss": {"below": 0}}}],
+            },
+            r"study.claims\[0\].expect.val/loss.below is not a test; use one of lower_than, higher_than, no_worse_than, within, ratio_lower_than",
+        ),
+        (
+            {
+                "arms": ARMS,
+                "seeds": [1],
+                "claims": [{"arm": "large", "baseline": "small", "expect": {"val/loss": {"difference_at_most": 0.01}}}],
+            },
+            "difference_at_most is ambiguous and retired: name the test, lower_than .* or no_worse_than",
+        ),
+        (
+            {
+                "arms": ARMS,
+                "seeds": [1],
+                "claims": [{"arm": "large", "baseline": "small", "expect": {"val/loss": {"lower_than": 0.01}}}],
+            },
+            r"lower_than=0.01 claims superiority, so it must be <= 0 .* use no_worse_than",
+        ),
+        (
+            {
+                "arms": ARMS,
+                "seeds": [1],
+                "claims": [{"arm": "large", "baseline": "small", "expect": {"val/loss": {"within": -0.01}}}],
+            },
+            r"within=-0.01 is a margin and must be > 0, e.g. within: 0.01",
+        ),
+        (
+            {
+                "arms": ARMS,
+                "seeds": [1],
+                "claims": [{"arm": "large", "baseline": "small", "expect": {"steps": {"ratio_no_worse_than": 0.9}}}],
+            },
+            r"ratio_no_worse_than=0.9 is a margin and must be > 1, e.g. ratio_no_worse_than: 1.05",
+        ),
+        (
+            {
+                "arms": ARMS,
+                "seeds": [1],
+                "claims": [
+                    {"arm": "large", "baseline": "small", "better": "up", "expect": {"val/loss": {"within": 0.01}}}
+                ],
+            },
+            r"study.claims\[0\].better='up' must be lower or higher",
+        ),
+        (
+            {"arms": ARMS, "seeds": {"first": [1, 2], "max": 4}},
+            "study.seeds.max: only a tuned study adds judging seeds in rounds",
+        ),
     ],
 )
 def test_study_mistakes_name_the_key(study, message) -> None:
@@ -195,17 +272,23 @@ def test_jobs_are_arms_times_seeds_and_the_command_line_wins() -> None:
     ]
     # A key the command line sets is not overridden by an arm; a seed there replaces the study's seeds.
     jobs = study_jobs(spec, [["optimizer.lr=1e-3", "seed=7"]])
-    assert jobs == [["optimizer.lr=1e-3", "seed=7", "batch.global_batch_size=16", "study.arm=small"],
-                    ["optimizer.lr=1e-3", "seed=7", "batch.global_batch_size=64", "study.arm=large"]]  # fmt: skip
+    assert jobs == [
+        ["optimizer.lr=1e-3", "seed=7", "batch.global_batch_size=16", "study.arm=small"],
+        ["optimizer.lr=1e-3", "seed=7", "batch.global_batch_size=64", "study.arm=large"],
+    ]
 
 
 def test_arms_named_on_the_command_line_run_alone_and_group_with_the_whole_studys_runs() -> None:
     spec = StudySpec.from_config({"arms": ARMS, "seeds": [1, 2]})
     whole = study_jobs(spec, [["token_budget=1000"]])
     # `study.arm=large seed=3,4`: the basic sweeper's base jobs
-    chosen = study_jobs(spec, [["token_budget=1000", "study.arm=large", "seed=3"], ["token_budget=1000", "study.arm=large", "seed=4"]])
-    assert chosen == [["token_budget=1000", "seed=3", "batch.global_batch_size=64", "optimizer.lr=8e-3", "study.arm=large"],
-                      ["token_budget=1000", "seed=4", "batch.global_batch_size=64", "optimizer.lr=8e-3", "study.arm=large"]]  # fmt: skip
+    chosen = study_jobs(
+        spec, [["token_budget=1000", "study.arm=large", "seed=3"], ["token_budget=1000", "study.arm=large", "seed=4"]]
+    )
+    assert chosen == [
+        ["token_budget=1000", "seed=3", "batch.global_batch_size=64", "optimizer.lr=8e-3", "study.arm=large"],
+        ["token_budget=1000", "seed=4", "batch.global_batch_size=64", "optimizer.lr=8e-3", "study.arm=large"],
+    ]
     without_seed = {tuple(o for o in job if not o.startswith("seed=")) for job in chosen}
     assert without_seed == {tuple(o for o in job if not o.startswith("seed=")) for job in whole[2:]}
     with pytest.raises(ConfigError, match="study.arm=larg is not an arm of this study; its arms: small, large"):
@@ -216,6 +299,8 @@ def test_an_arm_that_sets_its_seed_runs_once_with_it() -> None:
     """Branches of one seed's base run (the critical-batch study) carry that seed in the arm."""
     arms = {"branch": ["seed=3", "batch.global_batch_size=64"], "plain": ["batch.global_batch_size=16"]}
     jobs = study_jobs(StudySpec.from_config({"arms": arms, "seeds": [1, 2]}), [[]])
-    assert jobs == [["seed=3", "batch.global_batch_size=64", "study.arm=branch"],
-                    ["batch.global_batch_size=16", "study.arm=plain", "seed=1"],
-                    ["batch.global_batch_size=16", "study.arm=plain", "seed=2"]]  # fmt: skip
+    assert jobs == [
+        ["seed=3", "batch.global_batch_size=64", "study.arm=branch"],
+        ["batch.global_batch_size=16", "study.arm=plain", "seed=1"],
+        ["batch.global_batch_size=16", "study.arm=plain", "seed=2"],
+    ]

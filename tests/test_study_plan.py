@@ -20,9 +20,16 @@ LR_SEARCH = {"optimizer.lr": {"low": 1e-3, "high": 4e-3, "scale": "log", "step":
 
 
 def spec(**study) -> StudySpec:
-    node = {"searcher": "gp", "budget": 4, "round_size": 2, "tuning_seeds": [1], "seeds": {"first": [2, 3], "max": 6},
-            "search": LR_SEARCH, "arms": {"base": [], "other": {"overrides": ["optimizer.beta2=0.95"], "anchors": [{"optimizer.lr": 1e-3}]}},
-            "claims": [{"arm": "other", "baseline": "base", "expect": {"val/loss": {"no_worse_than": 0.01}}}]}  # fmt: skip
+    node = {
+        "searcher": "gp",
+        "budget": 4,
+        "round_size": 2,
+        "tuning_seeds": [1],
+        "seeds": {"first": [2, 3], "max": 6},
+        "search": LR_SEARCH,
+        "arms": {"base": [], "other": {"overrides": ["optimizer.beta2=0.95"], "anchors": [{"optimizer.lr": 1e-3}]}},
+        "claims": [{"arm": "other", "baseline": "base", "expect": {"val/loss": {"no_worse_than": 0.01}}}],
+    }
     return StudySpec.from_config({**node, **study})
 
 
@@ -64,7 +71,11 @@ def test_seeds_are_added_at_the_planned_looks_while_a_claim_is_unresolved_and_st
     plan = StudyPlan(spec(seeds=looks), [([], ["base", "other"])])
     rounds = play(plan, lambda job: 2.0 + (0.05 + noise[job.seed] if job.arm == "other" else 0.0))
     judged = [sorted({job.seed for job in r}) for r in rounds if r[0].phase == JUDGE]
-    assert judged == [[2, 3], [4, 5], [6, 7]]  # one round per planned look: 4 noisy seeds at the second look's 0.5% do not decide
+    assert judged == [
+        [2, 3],
+        [4, 5],
+        [6, 7],
+    ]  # one round per planned look: 4 noisy seeds at the second look's 0.5% do not decide
     # A consistent gap resolves at the second look too: the first, at 2 of at most 6 seeds, spends
     # almost none of the level (O'Brien-Fleming). Without looks between, the seeds go to the cap.
     for seeds, expected in ((looks, [2, 3, 4, 5]), ({"first": [2, 3], "max": 6}, [2, 3, 4, 5, 6, 7])):
@@ -88,7 +99,10 @@ def test_an_arm_whose_anchor_beats_its_winner_is_not_judged() -> None:
 
 def test_an_underpowered_claim_is_told_from_an_inconclusive_one() -> None:
     claim = spec().claims[0]
-    wide = {"other": {"val/loss": Spread((2.04, 2.00, 2.07), (2, 3, 4))}, "base": {"val/loss": Spread((2.0, 2.0, 2.0), (2, 3, 4))}}
+    wide = {
+        "other": {"val/loss": Spread((2.04, 2.00, 2.07), (2, 3, 4))},
+        "base": {"val/loss": Spread((2.0, 2.0, 2.0), (2, 3, 4))},
+    }
     verdict = judge_claim(claim, wide)
     d = np.array([0.04, 0.0, 0.07])
     power = (stats.t.ppf(0.975, 2) + stats.t.ppf(0.8, 2)) * stats.sem(d)  # the distance resolved at 80% power
@@ -104,10 +118,19 @@ def test_an_underpowered_claim_is_told_from_an_inconclusive_one() -> None:
         ({"searcher": "bayes"}, "study.searcher='bayes' is not a searcher; use one of gp, tpe, random, coordinate"),
         ({"budget": 1}, "study.budget=1 leaves no point to search beside the arm's 1 anchor(s); give at least 2."),
         ({"budget": None}, "study.arms.base: the gp searcher needs a budget of tuning points"),
-        ({"seeds": {"first": [2, 3, 4], "max": 2}}, "study.seeds.max=2 must be a whole number of judging seeds, at least the 3"),
+        (
+            {"seeds": {"first": [2, 3, 4], "max": 2}},
+            "study.seeds.max=2 must be a whole number of judging seeds, at least the 3",
+        ),
         ({"seeds": {"first": [2], "auto": True}}, "study.seeds is a list of seeds or {first: [2, 3, 4], max: 8}"),
-        ({"seeds": {"first": [2, 3], "max": 6, "looks": [2, 5, 4, 6]}}, "study.seeds.looks=[2, 5, 4, 6] must be increasing seed counts from the 2 first seeds to max 6"),
-        ({"search": None, "tuning_seeds": None}, "study.searcher, study.budget, study.round_size, study.arms.other.anchors set, but nothing is searched"),
+        (
+            {"seeds": {"first": [2, 3], "max": 6, "looks": [2, 5, 4, 6]}},
+            "study.seeds.looks=[2, 5, 4, 6] must be increasing seed counts from the 2 first seeds to max 6",
+        ),
+        (
+            {"search": None, "tuning_seeds": None},
+            "study.searcher, study.budget, study.round_size, study.arms.other.anchors set, but nothing is searched",
+        ),
     ],
 )
 def test_bad_search_settings_name_the_key_and_the_fix(study, message) -> None:

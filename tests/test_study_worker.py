@@ -17,10 +17,16 @@ from study import worker as study_worker
 from study.job_folders import job_folders
 from launch.sweep_jobs import LOCK, MARKER, lock_is_live
 
-SPEC = {"searcher": "gp", "budget": 4, "round_size": 2, "tuning_seeds": [1], "seeds": [2, 3],
-        "search": {"optimizer.lr": {"low": 1e-3, "high": 4e-3, "scale": "log", "step": 2, "min": 2.5e-4, "max": 3.2e-2}},
-        "arms": {"base": [], "other": ["optimizer.beta2=0.95"]},
-        "claims": [{"arm": "other", "baseline": "base", "expect": {"val/loss": {"no_worse_than": 0.01}}}]}  # fmt: skip
+SPEC = {
+    "searcher": "gp",
+    "budget": 4,
+    "round_size": 2,
+    "tuning_seeds": [1],
+    "seeds": [2, 3],
+    "search": {"optimizer.lr": {"low": 1e-3, "high": 4e-3, "scale": "log", "step": 2, "min": 2.5e-4, "max": 3.2e-2}},
+    "arms": {"base": [], "other": ["optimizer.beta2=0.95"]},
+    "claims": [{"arm": "other", "baseline": "base", "expect": {"val/loss": {"no_worse_than": 0.01}}}],
+}
 
 # The other worker: holds its job until told to go on, then finishes it as train.py does (its
 # marker written, then its lock released). Not told within 20 s, it lets the job go
@@ -49,7 +55,9 @@ def loss(overrides: list[str]) -> float:
     return 2.0 + 0.05 * math.log2(lr / 4e-3) ** 2 + 0.001 * int(setting(overrides, "seed"))
 
 
-def test_a_worker_goes_on_with_other_searches_and_records_what_the_other_worker_finished(tmp_path: Path, monkeypatch) -> None:
+def test_a_worker_goes_on_with_other_searches_and_records_what_the_other_worker_finished(
+    tmp_path: Path, monkeypatch
+) -> None:
     monkeypatch.setattr(study_worker, "POLL_S", 0.01)
     plan = StudyPlan(StudySpec.from_config(SPEC), [([], ["base", "other"])])
     first = plan.next_round()

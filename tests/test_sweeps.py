@@ -36,7 +36,11 @@ def job_values(override: Override) -> list[str]:
     """The values a sweeper would try: every choice or range value; an interval's two ends."""
     if isinstance(override.value(), IntervalSweep):
         return [str(override.value().start), str(override.value().end)]
-    return list(override.sweep_string_iterator()) if override.is_sweep_override() else [override.get_value_element_as_str()]
+    return (
+        list(override.sweep_string_iterator())
+        if override.is_sweep_override()
+        else [override.get_value_element_as_str()]
+    )
 
 
 def jobs(params: dict[str, str]) -> list[list[str]]:
@@ -67,8 +71,11 @@ def preset_jobs(preset: str) -> list[list[str]]:
     assert cfg.hydra.sweeper._target_.endswith("StudySweeper")
     spec = StudySpec.from_config(OmegaConf.to_container(cfg.study))
     if spec.tuned:
-        return [[*spec.arms[arm], *spec.spaces[arm].overrides(point), f"study.arm={arm}"]
-                for arm in spec.arms for point in [*searched_points(spec.spaces[arm]), *spec.searches[arm].anchors]]  # fmt: skip
+        return [
+            [*spec.arms[arm], *spec.spaces[arm].overrides(point), f"study.arm={arm}"]
+            for arm in spec.arms
+            for point in [*searched_points(spec.spaces[arm]), *spec.searches[arm].anchors]
+        ]
     return study_jobs(spec, base)
 
 
@@ -95,7 +102,15 @@ def test_every_job_of_the_preset_composes_and_passes_the_config_checks(preset: s
 
 
 def test_presets_cover_the_research_questions() -> None:
-    assert {"batch_schedules", "seqlen_lr", "diloco_recipe", "layout", "model_ladder", "tiny_ladder", "optuna_lr"} <= set(PRESETS)
+    assert {
+        "batch_schedules",
+        "seqlen_lr",
+        "diloco_recipe",
+        "layout",
+        "model_ladder",
+        "tiny_ladder",
+        "optuna_lr",
+    } <= set(PRESETS)
     optuna = compose_train(["+sweep=optuna_lr"])
     assert optuna.hydra.sweeper._target_.endswith("StudySweeper") and optuna.study.searcher == "gp"
 
@@ -104,8 +119,18 @@ def sweep_jobs(tmp_path: Path, cache: Path, overrides: list[str]) -> list[dict]:
     """Run `python train.py -m` with tiny settings; each job's resolved config, in job order."""
     sweep = tmp_path / "sweep"
     # hydra.mode=MULTIRUN is `-m` as an override: run_train puts its own overrides first.
-    result = run_train(["hydra.mode=MULTIRUN", f"hydra.sweep.dir={sweep}", *overrides, "trainer.max_steps=2",
-                        "token_budget=null", "lr_schedule.name=constant"], tmp_path / "unused", cache)  # fmt: skip
+    result = run_train(
+        [
+            "hydra.mode=MULTIRUN",
+            f"hydra.sweep.dir={sweep}",
+            *overrides,
+            "trainer.max_steps=2",
+            "token_budget=null",
+            "lr_schedule.name=constant",
+        ],
+        tmp_path / "unused",
+        cache,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     jobs = sorted((path for path in sweep.iterdir() if path.name.isdigit()), key=lambda path: int(path.name))
     return [yaml.safe_load((job / "csv" / "hparams.yaml").read_text()) for job in jobs]
@@ -113,8 +138,14 @@ def sweep_jobs(tmp_path: Path, cache: Path, overrides: list[str]) -> list[dict]:
 
 def test_seqlen_lr_runs_and_a_command_line_value_replaces_the_presets_list(tmp_path: Path, tmp_path_factory) -> None:
     """`+sweep=seqlen_lr optimizer.lr=4e-3 'study.seeds=[1]'`: both arms, at that LR and seed only (2 jobs, not 30)."""
-    overrides = ["+sweep=seqlen_lr", *TINY, "batch.global_batch_size=8", "batch.micro_batch_size=2",
-                 "optimizer.lr=4e-3", "study.seeds=[1]"]  # fmt: skip
+    overrides = [
+        "+sweep=seqlen_lr",
+        *TINY,
+        "batch.global_batch_size=8",
+        "batch.micro_batch_size=2",
+        "optimizer.lr=4e-3",
+        "study.seeds=[1]",
+    ]
     configs = sweep_jobs(tmp_path, tmp_path_factory.getbasetemp() / "cache", overrides)
     assert [config["optimizer"]["lr"] for config in configs] == [4e-3, 4e-3]
     assert [config["study"]["arm"] for config in configs] == ["baseline", "seqlen_warmup"]
@@ -123,8 +154,16 @@ def test_seqlen_lr_runs_and_a_command_line_value_replaces_the_presets_list(tmp_p
 
 
 def test_a_preset_with_the_slurm_launcher_composes() -> None:
-    cfg = compose_train(["+sweep=model_ladder", "hydra/launcher=slurm", "hydra.launcher.partition=gpu",
-                         "trainer=gpu", "trainer.devices=8", "strategy=fsdp2"])  # fmt: skip
+    cfg = compose_train(
+        [
+            "+sweep=model_ladder",
+            "hydra/launcher=slurm",
+            "hydra.launcher.partition=gpu",
+            "trainer=gpu",
+            "trainer.devices=8",
+            "strategy=fsdp2",
+        ]
+    )
     launcher = cfg.hydra.launcher
     assert launcher._target_.endswith("SlurmLauncher") and launcher.partition == "gpu"
     assert (launcher.gpus_per_node, launcher.tasks_per_node, launcher.nodes) == (8, 8, 1)

@@ -48,8 +48,17 @@ def test_steps_that_do_not_log_read_nothing_on_the_host(tmp_path, monkeypatch):
             return _original(tensor, *args, **kwargs)
 
         monkeypatch.setattr(torch.Tensor, name, counted)
-    cfg = compose_config(TINY + ["trainer.max_steps=8", "trainer.log_every_n_steps=4", "logger=none",
-                                 "batch.micro_batch_size=2", "batch.global_batch_size=4"], tmp_path)  # fmt: skip
+    cfg = compose_config(
+        TINY
+        + [
+            "trainer.max_steps=8",
+            "trainer.log_every_n_steps=4",
+            "logger=none",
+            "batch.micro_batch_size=2",
+            "batch.global_batch_size=4",
+        ],
+        tmp_path,
+    )
     fit_in_process(cfg, callbacks=[counter])
     logged = {4, 8}
     assert all(counter.by_step.get(step, 0) == 0 for step in range(1, 9) if step not in logged), counter.by_step

@@ -20,7 +20,10 @@ from tests.run_helpers import REPO, TINY, compose_config, run_train
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
-        (["batch.global_batch_size=31"], "batch.micro_batch_size=2 does not divide each rank's share of the global batch (31"),
+        (
+            ["batch.global_batch_size=31"],
+            "batch.micro_batch_size=2 does not divide each rank's share of the global batch (31",
+        ),
         (["+model.n_experts=8"], "unknown key(s) model.n_experts"),
         (["optimizer.lr=-1"], "optimizer.lr=-1"),
         (["lr_schedule.name=step"], "lr_schedule.name='step' is unknown"),
@@ -46,8 +49,14 @@ def test_bad_config_exits_before_any_work(tmp_path):
 
 def test_end_to_end_run_writes_an_offline_wandb_run_and_consistent_mfu(tmp_path):
     run_dir, peak = tmp_path / "run", 1e11
-    overrides = ["logger=[wandb,csv]", "trainer.max_steps=6", "+experiment=baseline", "trainer.log_every_n_steps=2",
-                 f"callbacks.throughput.peak_flops_per_device={peak}", "callbacks.throughput.warmup_steps=1"]  # fmt: skip
+    overrides = [
+        "logger=[wandb,csv]",
+        "trainer.max_steps=6",
+        "+experiment=baseline",
+        "trainer.log_every_n_steps=2",
+        f"callbacks.throughput.peak_flops_per_device={peak}",
+        "callbacks.throughput.warmup_steps=1",
+    ]
     result = run_train(TINY + overrides, run_dir, tmp_path / "cache")
     assert result.returncode == 0, result.stderr[-3000:]
     runs = list((run_dir / "wandb").glob("offline-run-*"))
@@ -126,9 +135,14 @@ def test_wandb_groups_a_study_and_takes_the_arm_as_job_type(tmp_path):
 
 def test_a_preset_that_trades_loss_for_steps_says_so_as_it_starts(tmp_path):
     """Its note is the first line the run itself prints (``experiment_note``)."""
-    result = run_train([*TINY, "+experiment=bs_warmup", "batch.global_batch_size=16", "trainer.max_steps=1", "logger=csv"],
-                       tmp_path / "run", tmp_path / "cache")  # fmt: skip
+    result = run_train(
+        [*TINY, "+experiment=bs_warmup", "batch.global_batch_size=16", "trainer.max_steps=1", "logger=csv"],
+        tmp_path / "run",
+        tmp_path / "cache",
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     note = OmegaConf.load(REPO / "conf" / "experiment" / "bs_warmup.yaml").experiment_note
-    ours = [line for line in (result.stdout + result.stderr).splitlines() if "][launch." in line or "][callbacks." in line]
+    ours = [
+        line for line in (result.stdout + result.stderr).splitlines() if "][launch." in line or "][callbacks." in line
+    ]
     assert ours[0].endswith(f"[INFO] - bs_warmup: {note}"), ours[:3]

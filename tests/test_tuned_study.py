@@ -15,8 +15,14 @@ from analysis.runs import load_run
 from tests.run_helpers import REPO, TINY, run_sweep, run_train
 
 SETTINGS = [o for o in TINY if not o.startswith(("optimizer.lr=", "token_budget="))]
-STUDY = ["hydra.mode=MULTIRUN", f"hydra.searchpath=[file://{REPO / 'tests' / 'configs'}]", "+sweep=tiny_tuned",
-         *SETTINGS, "token_budget=1536", "callbacks.model_checkpoint.every_n_train_steps=2"]  # fmt: skip
+STUDY = [
+    "hydra.mode=MULTIRUN",
+    f"hydra.searchpath=[file://{REPO / 'tests' / 'configs'}]",
+    "+sweep=tiny_tuned",
+    *SETTINGS,
+    "token_budget=1536",
+    "callbacks.model_checkpoint.every_n_train_steps=2",
+]
 
 
 sweep = partial(run_sweep, STUDY)
@@ -40,9 +46,15 @@ def test_the_search_extends_past_the_edge_then_judges_the_winner_on_other_seeds(
     tried = [(run.arm, run.phase, run.seed, run.setting("optimizer.lr")) for run in runs]
     # Round 1: the first grid (1e-3, 4e-3) on the tuning seed; 4e-3 won on the edge, so round 2
     # tries one step beyond (1.6e-2, the hard limit); then the winner and the fixed arm on 2, 3.
-    assert tried == [("tuned", "tune", 1, 1e-3), ("tuned", "tune", 1, 4e-3), ("tuned", "tune", 1, 1.6e-2),
-                     ("tuned", "judge", 2, 1.6e-2), ("tuned", "judge", 3, 1.6e-2),
-                     ("fixed", "judge", 2, 1e-4), ("fixed", "judge", 3, 1e-4)]  # fmt: skip
+    assert tried == [
+        ("tuned", "tune", 1, 1e-3),
+        ("tuned", "tune", 1, 4e-3),
+        ("tuned", "tune", 1, 1.6e-2),
+        ("tuned", "judge", 2, 1.6e-2),
+        ("tuned", "judge", 3, 1.6e-2),
+        ("fixed", "judge", 2, 1e-4),
+        ("fixed", "judge", 3, 1e-4),
+    ]
     losses = [val_loss(folder / str(job)) for job in range(3)]
     assert losses[2] < losses[1] < losses[0]
 
@@ -56,9 +68,17 @@ def test_the_report_reads_the_search_back_and_judges_on_the_judging_seeds_only(s
     (verdict,) = report.verdicts
     by_seed = {seed: val_loss(folder / str(job)) - val_loss(folder / str(job + 2)) for seed, job in ((2, 3), (3, 4))}
     mean = sum(by_seed.values()) / 2
-    assert verdict.verdict == "holds" and f"paired {mean:.4g} [" in verdict.measured[0] and "unpaired" in verdict.measured[0]
-    result = subprocess.run(["python", str(REPO / "scripts" / "report.py"), str(folder), "--out", str(tmp_path)],
-                            capture_output=True, text=True, cwd=REPO)  # fmt: skip
+    assert (
+        verdict.verdict == "holds"
+        and f"paired {mean:.4g} [" in verdict.measured[0]
+        and "unpaired" in verdict.measured[0]
+    )
+    result = subprocess.run(
+        ["python", str(REPO / "scripts" / "report.py"), str(folder), "--out", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+    )
     assert result.returncode == 0, result.stderr
     assert "| tuned | coordinate | 3 | optimizer.lr=0.016 |" in result.stdout and "lr: at limit" in result.stdout
     assert (tmp_path / "tuning_optimizer_lr.png").read_bytes().startswith(b"\x89PNG")
@@ -97,10 +117,22 @@ def test_a_study_crossed_with_sizes_tunes_each_size_and_budgets_tokens_per_param
     study.tokens_per_parameter x its parameter count."""
     folder = tmp_path / "sweep"
     overrides = [o for o in STUDY if not o.startswith("token_budget=")]  # the rule sets it; the command line would win
-    result = run_train([*overrides, f"hydra.sweep.dir={folder}", "model.vocab_size=320", "model.d_model=32,48",
-                        "+study.tokens_per_parameter=0.05", "study.arm=tuned"], tmp_path / "unused", tmp_path / "cache")  # fmt: skip
+    result = run_train(
+        [
+            *overrides,
+            f"hydra.sweep.dir={folder}",
+            "model.vocab_size=320",
+            "model.d_model=32,48",
+            "+study.tokens_per_parameter=0.05",
+            "study.arm=tuned",
+        ],
+        tmp_path / "unused",
+        tmp_path / "cache",
+    )
     assert result.returncode == 0, result.stderr[-3000:]
-    runs = [load_run(path) for path in sorted((p for p in folder.iterdir() if p.name.isdigit()), key=lambda p: int(p.name))]
+    runs = [
+        load_run(path) for path in sorted((p for p in folder.iterdir() if p.name.isdigit()), key=lambda p: int(p.name))
+    ]
     budgets = {run.setting("model.d_model"): run.setting("token_budget") for run in runs}
     from lightning_modules.llama import LlamaSettings, count_parameters
 
@@ -108,7 +140,9 @@ def test_a_study_crossed_with_sizes_tunes_each_size_and_budgets_tokens_per_param
         model = {k: v for k, v in runs[0].setting("model").items() if k not in ("_target_", "d_model")}
         assert budget == round(0.05 * count_parameters(LlamaSettings(**model, d_model=width)))
     report = study_report([folder])
-    assert sorted(crossing for _, crossing in report.tunings) == [f"model.d_model={w} token_budget={budgets[w]}" for w in (32, 48)]
+    assert sorted(crossing for _, crossing in report.tunings) == [
+        f"model.d_model={w} token_budget={budgets[w]}" for w in (32, 48)
+    ]
     assert all(tuning.tuned for tuning in report.tunings.values())
     judged = [run for run in runs if run.phase == "judge"]
     assert sorted((run.setting("model.d_model"), run.seed) for run in judged) == [(32, 2), (32, 3), (48, 2), (48, 3)]
@@ -122,8 +156,12 @@ def test_a_study_that_gains_an_arm_keeps_its_finished_jobs_where_they_are(study,
     preset = (REPO / "tests" / "configs" / "sweep" / "tiny_tuned.yaml").read_text()
     (tmp_path / "configs" / "sweep").mkdir(parents=True)  # the preset edited, the command line unchanged
     # The new arm first: numbered by position, every judging job would move to another folder.
-    (tmp_path / "configs" / "sweep" / "tiny_tuned.yaml").write_text(preset.replace("  arms:\n", "  arms:\n    slow: [optimizer.lr=2e-4]\n"))
-    study_here = [f"hydra.searchpath=[file://{tmp_path / 'configs'}]" if o.startswith("hydra.searchpath=") else o for o in STUDY]
+    (tmp_path / "configs" / "sweep" / "tiny_tuned.yaml").write_text(
+        preset.replace("  arms:\n", "  arms:\n    slow: [optimizer.lr=2e-4]\n")
+    )
+    study_here = [
+        f"hydra.searchpath=[file://{tmp_path / 'configs'}]" if o.startswith("hydra.searchpath=") else o for o in STUDY
+    ]
     result = run_train([*study_here, f"hydra.sweep.dir={folder}"], tmp_path / "unused", cache)
     assert result.returncode == 0, result.stderr[-3000:]
     output = result.stdout + result.stderr
@@ -161,7 +199,9 @@ def test_a_plain_study_whose_jobs_changed_stops_before_any_job_touches_a_folder(
         refuse_other_runs(tmp_path, [["b=1"], ["a=1"]])
 
 
-def test_a_run_reads_the_overrides_it_finished_with_even_after_a_refused_job_rewrote_hydras_record(tmp_path: Path) -> None:
+def test_a_run_reads_the_overrides_it_finished_with_even_after_a_refused_job_rewrote_hydras_record(
+    tmp_path: Path,
+) -> None:
     record(tmp_path, ["a=1"], finished=True)
     (tmp_path / ".hydra" / "overrides.yaml").write_text(yaml.safe_dump(["b=1"]))  # a plain sweep's refused job
     (tmp_path / "csv").mkdir()

@@ -64,13 +64,19 @@ def test_an_integer_grid_rounds_and_stops_at_its_limit() -> None:
 def test_the_winner_equals_brute_force_over_the_grid_on_a_separable_bowl() -> None:
     """Two ranges and a list: the coordinate search ends where brute force over the product does."""
     outer = Range("technique.diloco.outer_lr", 0.2, 0.8, "log", 2, 0.025, 3.2)
-    momentum = Choice("technique.diloco.outer_optimizer", ({"momentum": 0.0, "nesterov": False}, {"momentum": 0.9, "nesterov": True}))
+    momentum = Choice(
+        "technique.diloco.outer_optimizer", ({"momentum": 0.0, "nesterov": False}, {"momentum": 0.9, "nesterov": True})
+    )
     space = SearchSpace((LR, outer, momentum))
 
     def loss(labels: dict[str, str]) -> float:
         nesterov = labels["technique.diloco.outer_optimizer"].endswith("true")
         best_outer = 0.2 if nesterov else 1.6
-        return (math.log2(float(labels["optimizer.lr"]) / 8e-3)) ** 2 + (math.log2(float(labels["technique.diloco.outer_lr"]) / best_outer)) ** 2 - nesterov * 0.1
+        return (
+            (math.log2(float(labels["optimizer.lr"]) / 8e-3)) ** 2
+            + (math.log2(float(labels["technique.diloco.outer_lr"]) / best_outer)) ** 2
+            - nesterov * 0.1
+        )
 
     tuning = search(space, loss)
     grid = itertools.product(range(-3, 7), range(-3, 5), range(2))
@@ -88,7 +94,9 @@ def test_the_first_design_is_the_centre_and_one_line_per_dimension() -> None:
 
 
 def test_a_run_s_overrides_map_back_to_its_point() -> None:
-    choice = Choice("technique.diloco.outer_optimizer", ({"momentum": 0.0, "nesterov": False}, {"momentum": 0.9, "nesterov": True}))
+    choice = Choice(
+        "technique.diloco.outer_optimizer", ({"momentum": 0.0, "nesterov": False}, {"momentum": 0.9, "nesterov": True})
+    )
     space = SearchSpace((LR, choice))
     for point in [(0, 0), (-3, 1), (6, 1)]:
         assert space.point_of(["seed=1", *space.overrides(point), "study.arm=x"]) == point
@@ -97,7 +105,9 @@ def test_a_run_s_overrides_map_back_to_its_point() -> None:
 
 def test_an_unfinished_search_is_not_bracketed() -> None:
     space = SearchSpace((LR,))
-    tuning = Tuning(Search(space, "coordinate"), {(1,): 1.0, (0,): 2.0, (2,): 0.5})  # best on the edge, 8e-3 not run yet
+    tuning = Tuning(
+        Search(space, "coordinate"), {(1,): 1.0, (0,): 2.0, (2,): 0.5}
+    )  # best on the edge, 8e-3 not run yet
     assert tuning.statuses == {"optimizer.lr": NOT_BRACKETED} and not tuning.tuned
 
 
@@ -120,16 +130,30 @@ def test_bad_search_spaces_name_the_key_and_the_fix(spec, message) -> None:
 
 
 def tuned_spec(**study) -> StudySpec:
-    node = {"searcher": "coordinate", "arms": {"dp": [], "diloco": {"overrides": ["+technique=diloco"], "search": {"technique.diloco.outer_lr": {"low": 0.2, "high": 0.8}}}},
-            "search": {"optimizer.lr": {"low": 1e-3, "high": 4e-3}}, "tuning_seeds": [1], "seeds": [2, 3],
-            "claims": [{"arm": "diloco", "baseline": "dp", "expect": {"val/loss": {"lower_than": 0.0}}}]}  # fmt: skip
+    node = {
+        "searcher": "coordinate",
+        "arms": {
+            "dp": [],
+            "diloco": {
+                "overrides": ["+technique=diloco"],
+                "search": {"technique.diloco.outer_lr": {"low": 0.2, "high": 0.8}},
+            },
+        },
+        "search": {"optimizer.lr": {"low": 1e-3, "high": 4e-3}},
+        "tuning_seeds": [1],
+        "seeds": [2, 3],
+        "claims": [{"arm": "diloco", "baseline": "dp", "expect": {"val/loss": {"lower_than": 0.0}}}],
+    }
     return StudySpec.from_config({**node, **study})
 
 
 def test_a_study_with_a_search_composes_shared_and_own_dimensions() -> None:
     spec = tuned_spec()
     assert spec.tuned and spec.arms["diloco"] == ["+technique=diloco"]
-    assert spec.spaces["dp"].keys == ["optimizer.lr"] and spec.spaces["diloco"].keys == ["optimizer.lr", "technique.diloco.outer_lr"]
+    assert spec.spaces["dp"].keys == ["optimizer.lr"] and spec.spaces["diloco"].keys == [
+        "optimizer.lr",
+        "technique.diloco.outer_lr",
+    ]
 
 
 @pytest.mark.parametrize(
@@ -163,7 +187,10 @@ def test_the_paired_interval_equals_scipys_on_the_per_seed_differences() -> None
 
 def test_pairing_decides_where_the_seed_spread_hides_a_consistent_gap() -> None:
     spec = tuned_spec()
-    groups = {"diloco": {"val/loss": Spread((2.00, 2.30, 2.60), (2, 3, 4))}, "dp": {"val/loss": Spread((2.05, 2.35, 2.65), (2, 3, 4))}}
+    groups = {
+        "diloco": {"val/loss": Spread((2.00, 2.30, 2.60), (2, 3, 4))},
+        "dp": {"val/loss": Spread((2.05, 2.35, 2.65), (2, 3, 4))},
+    }
     verdict = judge_claim(spec.claims[0], groups)
     assert verdict.verdict == "holds" and "paired -0.05 [-0.05, -0.05], unpaired -0.05 [" in verdict.measured[0]
     unpaired = {arm: {"val/loss": Spread(s["val/loss"].values)} for arm, s in groups.items()}
@@ -185,8 +212,17 @@ def test_the_tuning_figure_draws_every_point_and_the_best_at_each_value_of_the_s
 
     from analysis.tuning_report import draw_setting
 
-    space = SearchSpace(tuple(parse_search({"optimizer.lr": {"low": 1e-3, "high": 4e-3, "scale": "log", "step": 2},
-                                            "technique.diloco.sync_every": [3, 10, 30]}, "study.search").values()))  # fmt: skip
+    space = SearchSpace(
+        tuple(
+            parse_search(
+                {
+                    "optimizer.lr": {"low": 1e-3, "high": 4e-3, "scale": "log", "step": 2},
+                    "technique.diloco.sync_every": [3, 10, 30],
+                },
+                "study.search",
+            ).values()
+        )
+    )
     rng = np.random.default_rng(0)
     grid = list(itertools.product(range(3), range(3)))
     results = {point: float(rng.uniform(1.5, 2.0)) for point in grid}
@@ -195,7 +231,10 @@ def test_the_tuning_figure_draws_every_point_and_the_best_at_each_value_of_the_s
     figure, axis = plt.subplots()
     low, high = draw_setting(axis, "m1", tuning, "optimizer.lr")
     line, dots, star = axis.lines
-    expected = {lr: min(v for p, v in results.items() if p[0] == i and math.isfinite(v)) for i, lr in enumerate((1e-3, 2e-3, 4e-3))}
+    expected = {
+        lr: min(v for p, v in results.items() if p[0] == i and math.isfinite(v))
+        for i, lr in enumerate((1e-3, 2e-3, 4e-3))
+    }
     assert np.allclose(line.get_xydata(), sorted(expected.items()))
     assert len(dots.get_xdata()) == len(grid) - 1
     best = results[tuning.winner]

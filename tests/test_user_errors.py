@@ -31,22 +31,37 @@ def error_lines(stderr: str) -> list[str]:
         (["optimizer.lr=-1"], "error: optimizer.lr=-1.0 must be > 0."),
         (["data.seq_len=4"], "error: data.seq_len must be an integer >= 8, got 4"),
         (["optimiser.lr=1"], "error: optimiser.lr is not a setting; did you mean optimizer.lr?"),
-        (["+technique=adaptive_batch", "technique.adaptive_batch.max_batchsize=64"],
-         "technique.adaptive_batch.max_batchsize is not a setting; did you mean technique.adaptive_batch.max_global_batch_size?"),
-        (["+experiment=nope"], "error: In 'train': Could not find 'experiment/nope'; available options in 'experiment': adamw_recipe, adaptive_bs,"),
+        (
+            ["+technique=adaptive_batch", "technique.adaptive_batch.max_batchsize=64"],
+            "technique.adaptive_batch.max_batchsize is not a setting; did you mean technique.adaptive_batch.max_global_batch_size?",
+        ),
+        (
+            ["+experiment=nope"],
+            "error: In 'train': Could not find 'experiment/nope'; available options in 'experiment': adamw_recipe, adaptive_bs,",
+        ),
         (["optimizer=sgd"], "Could not find 'optimizer/sgd'; available options in 'optimizer': adamw, muon (`python"),
-        (["init_from_hf=/no/such/folder"], "error: init_from_hf=/no/such/folder: /no/such/folder/config.json does not exist"),
+        (
+            ["init_from_hf=/no/such/folder"],
+            "error: init_from_hf=/no/such/folder: /no/such/folder/config.json does not exist",
+        ),
         (["trainer.devices=2", "trainer.accelerator=cpu"], "need a distributed strategy: add strategy=ddp"),
         (["batch.micro_batch_size=3"], "batch.micro_batch_size=3 does not divide each rank's share"),
         (["+technique=diloco", "technique.diloco.replicas=0"], "technique.diloco.replicas=0"),
         (["data.tokenizer.vocab_size=4096"], "data.tokenizer.vocab_size=4096 applies to kind=bpe"),
-        (["layout.float8=fp8"], "error: layout.float8='fp8' is unknown; choose one of ('none', 'tensorwise', 'rowwise')."),
-        (["layout.float8=rowwise", "trainer.accelerator=cpu"],
-         "layout.float8=rowwise on a CPU run needs float8 emulation: add layout.float8_emulate=true"),
+        (
+            ["layout.float8=fp8"],
+            "error: layout.float8='fp8' is unknown; choose one of ('none', 'tensorwise', 'rowwise').",
+        ),
+        (
+            ["layout.float8=rowwise", "trainer.accelerator=cpu"],
+            "layout.float8=rowwise on a CPU run needs float8 emulation: add layout.float8_emulate=true",
+        ),
         (["layout.float8=rowwise"], "layout.float8=rowwise needs float8 tensor cores (compute capability 8.9+"),
         (["layout.float8=tensorwise", "strategy=fsdp"], "layout.float8=tensorwise does not compose with strategy=fsdp"),
-        (["layout.float8=rowwise", "layout.float8_emulate=true", "model.mlp_hidden=88"],
-         "multiples of 16, but model.mlp_hidden=88; choose such a model or set layout.float8=none."),
+        (
+            ["layout.float8=rowwise", "layout.float8_emulate=true", "model.mlp_hidden=88"],
+            "multiples of 16, but model.mlp_hidden=88; choose such a model or set layout.float8=none.",
+        ),
         (["layout.float8_emulate=true"], "layout.float8_emulate=true has no effect with layout.float8=none"),
     ],
 )
@@ -84,9 +99,16 @@ def test_data_mistakes_name_the_file_and_the_fix(tmp_path):
 def test_a_refused_run_in_the_default_layout_leaves_no_folder_at_all(tmp_path) -> None:
     """From a fresh folder, with the default logger: no outputs/runs/default/<time>, and no
     empty runs/default, runs or outputs either."""
-    result = subprocess.run([sys.executable, str(REPO / "train.py"), "batch.global_batch_size=0"], capture_output=True, text=True,
-                            cwd=tmp_path, env={**os.environ, "WANDB_MODE": "offline", "HF_HUB_OFFLINE": "1"})  # fmt: skip
-    assert result.returncode == 2 and result.stderr.strip() == "error: batch.global_batch_size=0 must be >= 1.", result.stderr
+    result = subprocess.run(
+        [sys.executable, str(REPO / "train.py"), "batch.global_batch_size=0"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env={**os.environ, "WANDB_MODE": "offline", "HF_HUB_OFFLINE": "1"},
+    )
+    assert result.returncode == 2 and result.stderr.strip() == "error: batch.global_batch_size=0 must be >= 1.", (
+        result.stderr
+    )
     assert list(tmp_path.iterdir()) == []
 
 
@@ -104,7 +126,10 @@ def checkpoint(tmp_path_factory) -> tuple[Path, Path]:
     [
         (["ckpt_path={tmp}/missing.ckpt"], "does not exist"),
         (["ckpt_path={tmp}/corrupt.ckpt"], "is not a readable checkpoint"),
-        (["ckpt_path={ckpt}", "model.d_model=64"], "was trained with model.d_model=32, but this run has model.d_model=64"),
+        (
+            ["ckpt_path={ckpt}", "model.d_model=64"],
+            "was trained with model.d_model=32, but this run has model.d_model=64",
+        ),
         (["ckpt_path={ckpt}", "data.seq_len=64"], "was trained with data.seq_len=32, but this run has data.seq_len=64"),
         (["ckpt_path={ckpt}", "+technique=diloco", "trainer.max_steps=4"], "technique.diloco.replicas (simulated)=1"),
     ],
@@ -122,8 +147,12 @@ def test_evaluate_refuses_a_truncated_checkpoint_in_one_line(checkpoint, tmp_pat
     ckpt, _ = checkpoint
     truncated = tmp_path / "truncated.ckpt"
     truncated.write_bytes(ckpt.read_bytes()[:4096])
-    result = subprocess.run([sys.executable, str(REPO / "scripts" / "evaluate.py"), str(truncated), "--tasks", "corpus_cloze"],
-                            capture_output=True, text=True, cwd=REPO)  # fmt: skip
+    result = subprocess.run(
+        [sys.executable, str(REPO / "scripts" / "evaluate.py"), str(truncated), "--tasks", "corpus_cloze"],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+    )
     assert result.returncode == 2, result.stderr[-3000:]
     assert result.stderr.strip().splitlines() == [
         f"error: {truncated} is not a readable checkpoint (RuntimeError: PytorchStreamReader failed reading zip archive:"
@@ -133,7 +162,13 @@ def test_evaluate_refuses_a_truncated_checkpoint_in_one_line(checkpoint, tmp_pat
 
 def test_resume_applies_a_new_learning_rate_and_batch_and_says_so(checkpoint, tmp_path):
     ckpt, cache = checkpoint
-    overrides = ["trainer.max_steps=3", "logger=none", f"ckpt_path={ckpt}", "optimizer.lr=2e-3", "batch.global_batch_size=16"]
+    overrides = [
+        "trainer.max_steps=3",
+        "logger=none",
+        f"ckpt_path={ckpt}",
+        "optimizer.lr=2e-3",
+        "batch.global_batch_size=16",
+    ]
     result = run_train(TINY + overrides, tmp_path / "run", cache)
     assert result.returncode == 0, result.stderr[-3000:]
     output = result.stdout + result.stderr

@@ -8,7 +8,17 @@ from pathlib import Path
 
 from benchmarks.gpu.plan import gpu_plan, quick_plan
 from benchmarks.gpu.report import REPORT_NAME, device_name, write_report
-from benchmarks.gpu.sections import correctness, float8, kernels, large_model, layouts, mfu, norm_test, overhead, techniques
+from benchmarks.gpu.sections import (
+    correctness,
+    float8,
+    kernels,
+    large_model,
+    layouts,
+    mfu,
+    norm_test,
+    overhead,
+    techniques,
+)
 from benchmarks.gpu.suite import Suite
 from benchmarks.gpu.tables import Table
 
@@ -28,8 +38,18 @@ SECTIONS = tuple(SECTION_RUNNERS)
 # Each section's share of the time budget: its time on an H100 as a fraction of a 540 s call
 # (docs/gpu_benchmark.md; the float8, norm test and large-model ones estimated before their
 # first run), rounded. A call's deadlines scale its sections' shares to its budget.
-SHARES = {"layouts": 0.34, "kernels": 0.08, "mfu": 0.28, "correctness": 0.15, "techniques": 0.1, "overhead": 0.05,
-          "float8": 0.31, "float8_losses": 0.1, "norm_test": 0.19, "large_model": 0.22}  # fmt: skip
+SHARES = {
+    "layouts": 0.34,
+    "kernels": 0.08,
+    "mfu": 0.28,
+    "correctness": 0.15,
+    "techniques": 0.1,
+    "overhead": 0.05,
+    "float8": 0.31,
+    "float8_losses": 0.1,
+    "norm_test": 0.19,
+    "large_model": 0.22,
+}
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -53,8 +73,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.steps = args.steps if args.steps is not None else (2 if args.quick else 4)
     args.correctness_steps = args.correctness_steps if args.correctness_steps is not None else (3 if args.quick else 20)
     if args.steps < 2 or args.steps % 2 or args.warmup < 2 or args.warmup % 2:
-        parser.error("--steps and --warmup must be even and >= 2: simulated DiLoCo's turns come in pairs, and the"
-                     " length curriculum needs two warm-up steps")  # fmt: skip
+        parser.error(
+            "--steps and --warmup must be even and >= 2: simulated DiLoCo's turns come in pairs, and the"
+            " length curriculum needs two warm-up steps"
+        )
     return args
 
 

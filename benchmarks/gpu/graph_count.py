@@ -60,4 +60,3 @@ class DynamoGraphCount(StepCallback):
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self.path.write_text(json.dumps(dataclasses.asdict(self.counts)))
-

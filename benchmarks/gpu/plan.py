@@ -114,7 +114,12 @@ def quick_plan() -> Plan:
     return Plan(
         name="quick (CPU, fp32; model=tiny stands in for every model)",
         device="cpu",
-        base=("trainer.accelerator=cpu", "trainer.precision=32-true", "optimizer=adamw", "data.source.max_tokens=200000"),
+        base=(
+            "trainer.accelerator=cpu",
+            "trainer.precision=32-true",
+            "optimizer=adamw",
+            "data.source.max_tokens=200000",
+        ),
         model="tiny",
         small_models=("tiny", "tiny"),
         seq_len=64,

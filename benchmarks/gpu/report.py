@@ -83,4 +83,3 @@ def write_report(suite: Suite, tables: list[Table]) -> str:
     }
     (out / f"{REPORT_NAME}.json").write_text(json.dumps(data, indent=1, default=str))
     return text
-

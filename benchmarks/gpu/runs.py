@@ -76,11 +76,12 @@ def measure(result: RunResult, every_step: bool) -> None:
                 result.status = "no measurement (the run ended before its timed steps)"
     except Exception as error:  # one broken run must not cost the other rows of a 10-minute call
         message = " ".join(str(error).split()).replace("|", "/")  # one table cell
-        result.status = "out of memory" if is_out_of_memory(error) else f"failed: {type(error).__name__}: {message}"[:300]
+        result.status = (
+            "out of memory" if is_out_of_memory(error) else f"failed: {type(error).__name__}: {message}"[:300]
+        )
         if not is_out_of_memory(error):
             traceback.print_exc(file=sys.stderr)
     finally:
         result.seconds = time.perf_counter() - started
         release_process_group()
         reset_device_state()
-

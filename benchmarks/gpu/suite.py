@@ -18,7 +18,9 @@ class Budget:
     def __init__(self, seconds: float, shares: dict[str, float]) -> None:
         self.start = time.perf_counter()
         total = sum(shares.values())
-        self.deadlines = {name: seconds * part / total for name, part in zip(shares, itertools.accumulate(shares.values()))}
+        self.deadlines = {
+            name: seconds * part / total for name, part in zip(shares, itertools.accumulate(shares.values()))
+        }
         self.section = next(iter(shares))
         self.observed: dict[tuple, float] = {}
 
@@ -57,8 +59,16 @@ class Suite:
         length = seq_len or self.plan.seq_len
         return [*self.plan.base, *cache, *peak, f"model={model}", f"data.seq_len={length}", *extra]
 
-    def run(self, label: str, overrides: list[str], steps: int, warmup: int, loop: str = "framework",
-            every_step: bool = False, repeat: int = 0) -> RunResult:  # fmt: skip
+    def run(
+        self,
+        label: str,
+        overrides: list[str],
+        steps: int,
+        warmup: int,
+        loop: str = "framework",
+        every_step: bool = False,
+        repeat: int = 0,
+    ) -> RunResult:
         """Run once (or return the earlier result of the same run; ``repeat`` > 0 trains it
         again); skipped when it would pass the section's deadline."""
         key = (loop, steps, warmup, every_step, repeat, *overrides)
@@ -66,8 +76,13 @@ class Suite:
             return self.runs[key]
         result = RunResult(label, overrides, loop, steps, warmup)
         compile_mode = override_value(overrides, "layout.compile", "none")
-        cost_key = (loop, steps + warmup, override_value(overrides, "model", "tiny"), compile_mode,
-                    override_value(overrides, "trainer.precision", self.plan.precision))  # fmt: skip
+        cost_key = (
+            loop,
+            steps + warmup,
+            override_value(overrides, "model", "tiny"),
+            compile_mode,
+            override_value(overrides, "trainer.precision", self.plan.precision),
+        )
         expected = self.plan.run_seconds + (self.plan.compile_seconds if compile_mode != "none" else 0.0)
         if override_value(overrides, "layout.compile_mode", "default") != "default":
             expected += AUTOTUNE_SECONDS
@@ -80,4 +95,3 @@ class Suite:
         self.log(f"{self.budget.section}: {label}: {result.summary()} ({result.seconds:.1f} s)")
         self.runs[key] = result
         return result
-

@@ -136,8 +136,13 @@ class AdaptiveBatchSize(StepCallback):
         if self._capped or not caps or asked <= applied or applied < min(caps):
             return
         self._capped = True
-        log.info("adaptive batch reached its cap of %d at step %d: the %s test asks for %s", applied, state.clock.steps,
-                 self.settings.test.replace("_", " "), f"{asked:,}")  # fmt: skip
+        log.info(
+            "adaptive batch reached its cap of %d at step %d: the %s test asks for %s",
+            applied,
+            state.clock.steps,
+            self.settings.test.replace("_", " "),
+            f"{asked:,}",
+        )
 
     @staticmethod
     def _agreed(proposal: int, device: torch.device) -> int:

@@ -94,7 +94,9 @@ class MicroStepSamples:
         self._sum_sq = {key: torch.zeros((), dtype=torch.float64, device=self.device) for key in self.by_groups}
         self._kept: dict[Groups, list[list[torch.Tensor]]] = {key: [] for key in self.by_groups}
         # The step's gradient so far, per parameter (None until its first micro-step).
-        self._sums: dict[Groups, list[torch.Tensor | None]] = {key: [None] * len(ps) for key, ps in self.by_groups.items()}
+        self._sums: dict[Groups, list[torch.Tensor | None]] = {
+            key: [None] * len(ps) for key, ps in self.by_groups.items()
+        }
 
     def add_micro_step(self, accumulation: int, last: bool) -> None:
         """Record the sample of the micro-step whose backward just finished: accumulation x

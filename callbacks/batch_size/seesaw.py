@@ -31,6 +31,7 @@ from lightning_modules.lr_schedule import decay_factor
 if TYPE_CHECKING:
     from lightning_modules.training_state import TrainingState
 
+
 @dataclass(kw_only=True)
 class Seesaw(BatchSchedule):
     """Args:
@@ -47,7 +48,9 @@ class Seesaw(BatchSchedule):
 
     def __post_init__(self) -> None:
         if self.factor <= 1:
-            raise ConfigError(f"{self.key}.factor={self.factor} must be > 1 (2: the batch doubles where the LR would halve).")
+            raise ConfigError(
+                f"{self.key}.factor={self.factor} must be > 1 (2: the batch doubles where the LR would halve)."
+            )
 
     def check(self, run: RunContext) -> None:
         if run.token_budget is None and run.lr_schedule.name != "constant":

@@ -86,7 +86,9 @@ def resolved_settings(state: TrainingState) -> dict[str, str]:
 class DiLoCo(StepCallback):
     """Runs the replicas and their outer loop (settings: ``DiLoCoSettings``)."""
 
-    def __init__(self, settings: DiLoCoSettings, simulated: bool, n_layers: int, shared: tuple[tuple[str, str], ...] = ()) -> None:
+    def __init__(
+        self, settings: DiLoCoSettings, simulated: bool, n_layers: int, shared: tuple[tuple[str, str], ...] = ()
+    ) -> None:
         self.settings, self.simulated, self.n_layers = settings, simulated, n_layers
         self.shared = dict(shared)  # what every torchft replica group must run with
         self.syncs = 0
@@ -157,8 +159,12 @@ class DiLoCo(StepCallback):
         the run's shared settings, its `auto` ones as resolved here, and the tokens' content."""
         from callbacks.diloco.torchft_group import TorchftGroup
 
-        agreed = {**self.shared, **resolved_settings(state), "data.tokens": trainer.datamodule.content_fingerprint,
-                  "data.vocab_size": repr(trainer.datamodule.vocab_size)}  # fmt: skip
+        agreed = {
+            **self.shared,
+            **resolved_settings(state),
+            "data.tokens": trainer.datamodule.content_fingerprint,
+            "data.vocab_size": repr(trainer.datamodule.vocab_size),
+        }
         groups = TorchftGroup(
             self.settings.torchft,
             self.settings.torchft.quorum_size(self.settings.replicas),
@@ -197,8 +203,10 @@ class DiLoCo(StepCallback):
         if healed_in is not None:
             log.info(
                 "rejoined the DiLoCo replica groups at global step %d (round %d) with a live peer's state, in %.2f s",
-                state.global_steps, self.syncs, healed_in,
-            )  # fmt: skip
+                state.global_steps,
+                self.syncs,
+                healed_in,
+            )
             state.record_metrics({"diloco/rejoin_seconds": healed_in, "diloco/skipped_steps": self._skipped_steps})
             state.log_now()
         if any(record.ends for record in records):
@@ -209,9 +217,11 @@ class DiLoCo(StepCallback):
     def _behind_note(self) -> str:
         """Why this group's final weights are not the run's: its final average was discarded."""
         group, cause = self.settings.torchft.group, self._groups.discard_cause or "see the log"
-        return (f"replica group {group} ended {self._uncommitted} round(s) behind the run (its last rounds discarded:"
-                f" {cause}): its weights are its last committed ones, not the run's final weights; use the checkpoint"
-                " of a group that ended without this message")  # fmt: skip
+        return (
+            f"replica group {group} ended {self._uncommitted} round(s) behind the run (its last rounds discarded:"
+            f" {cause}): its weights are its last committed ones, not the run's final weights; use the checkpoint"
+            " of a group that ended without this message"
+        )
 
     def _count_discards(self, state: TrainingState, discarded: int) -> None:
         """Say why each discarded round was, log the count at once, and warn of a stall."""
@@ -232,9 +242,14 @@ class DiLoCo(StepCallback):
             "replica group %d has committed none of its last %d round(s) (%s): it takes %.2f s per global step, its peers %s;"
             " a group that asks for a quorum more than the lighthouse's --join_timeout_ms after the others is left out"
             " of their round, a round commits only with min_groups=%d groups, and a heal's transfer has timeout_s=%g s",
-            torchft.group, self._uncommitted, cause, pace, peer_pace, torchft.quorum_size(self.settings.replicas),
+            torchft.group,
+            self._uncommitted,
+            cause,
+            pace,
+            peer_pace,
+            torchft.quorum_size(self.settings.replicas),
             torchft.timeout_s,
-        )  # fmt: skip
+        )
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if self._groups is not None:
@@ -363,8 +378,10 @@ class DiLoCo(StepCallback):
 
     def state_dict(self) -> dict[str, Any]:
         """For this group's checkpoint: the run's counters and the group's own."""
-        own = {"discarded_rounds": self._sync.discarded if self._sync is not None else self._discarded,
-               "skipped_steps": self._skipped_steps}  # fmt: skip
+        own = {
+            "discarded_rounds": self._sync.discarded if self._sync is not None else self._discarded,
+            "skipped_steps": self._skipped_steps,
+        }
         if self._groups is not None:
             own["torchft"] = self._groups.state_dict()
         elif self._groups_state is not None:  # resumed at its end: the step it had

@@ -70,8 +70,10 @@ def start_average(deltas: list[torch.Tensor], group: dist.ProcessGroup, compress
     replicas = dist.get_world_size(group)
     if compression == "int8":
         packed = [to_int8(delta) for delta in deltas]
-        gathered = [([torch.empty_like(v) for _ in range(replicas)], [torch.empty_like(s) for _ in range(replicas)])
-                    for v, s in packed]  # fmt: skip
+        gathered = [
+            ([torch.empty_like(v) for _ in range(replicas)], [torch.empty_like(s) for _ in range(replicas)])
+            for v, s in packed
+        ]
         works = []
         for (values, scale), (all_values, all_scales) in zip(packed, gathered):
             works.append(dist.all_gather(all_values, values, group=group, async_op=True))

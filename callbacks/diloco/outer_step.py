@@ -23,7 +23,9 @@ import torch
 class OuterStep:
     """fp32 anchors (copies of this rank's parameter shards) and their outer optimizer."""
 
-    def __init__(self, anchors: list[torch.Tensor], make_optimizer: Callable[[list[torch.Tensor]], torch.optim.Optimizer]):
+    def __init__(
+        self, anchors: list[torch.Tensor], make_optimizer: Callable[[list[torch.Tensor]], torch.optim.Optimizer]
+    ):
         self.anchors = anchors
         self.optimizer = make_optimizer(anchors)
 

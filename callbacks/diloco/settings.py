@@ -161,7 +161,9 @@ class DiLoCoSettings(TechniqueSettings):
 
         target = self.outer_optimizer.get("_target_", "")
         key = f"{self.key}.outer_optimizer._target_"
-        return class_named(target, key, torch.optim.Optimizer, "a torch.optim optimizer class", "use e.g. torch.optim.SGD")
+        return class_named(
+            target, key, torch.optim.Optimizer, "a torch.optim optimizer class", "use e.g. torch.optim.SGD"
+        )
 
     def make_outer_optimizer(self, parameters: "list[torch.Tensor]") -> "torch.optim.Optimizer":
         """The configured outer optimizer over the anchor tensors."""
@@ -236,7 +238,9 @@ class DiLoCoSettings(TechniqueSettings):
                 " (null: a majority of the groups)."
             )
         if run.world_size not in (None, 1):
-            raise ConfigError(f"{self.key}.backend=torchft runs one process per replica group; this run has {run.world_size}.")
+            raise ConfigError(
+                f"{self.key}.backend=torchft runs one process per replica group; this run has {run.world_size}."
+            )
         if self.fragments != 1 or self.fragment_delay or self.compression != "none" or self.simulated:
             raise ConfigError(
                 f"{self.key}.backend=torchft runs classic DiLoCo: set fragments=1, fragment_delay=0,"
@@ -276,4 +280,6 @@ class DiLoCoSettings(TechniqueSettings):
     def build(self, run: RunContext) -> "DiLoCo":
         from callbacks.diloco.callback import DiLoCo
 
-        return DiLoCo(self, simulated=self.is_simulated(run.world_size), n_layers=run.n_layers, shared=run.shared_settings)
+        return DiLoCo(
+            self, simulated=self.is_simulated(run.world_size), n_layers=run.n_layers, shared=run.shared_settings
+        )

@@ -162,10 +162,16 @@ class FragmentSync:
 
     def state_dict(self) -> dict:
         """The outer state and the exchanges in flight (waited for: their results are saved)."""
-        flights = [(flight.fragment, flight.merge_after, [t.clone() for t in flight.exchange.wait()]) for flight in self.in_flight]
+        flights = [
+            (flight.fragment, flight.merge_after, [t.clone() for t in flight.exchange.wait()])
+            for flight in self.in_flight
+        ]
         return {"outer": self.outer.state_dict(), "in_flight": flights, "synced": sorted(self._synced)}
 
     def load_state_dict(self, state: dict) -> None:
         self.outer.load_state_dict(state["outer"])
-        self.in_flight = [InFlight(fragment, merge_after, Exchange.done(values)) for fragment, merge_after, values in state["in_flight"]]
+        self.in_flight = [
+            InFlight(fragment, merge_after, Exchange.done(values))
+            for fragment, merge_after, values in state["in_flight"]
+        ]
         self._synced = set(state["synced"])

@@ -78,7 +78,9 @@ def group_store(host: str) -> tuple[socket.socket, TCPStore]:
     already bound (the socket is returned to keep it open)."""
     listener = socket.create_server((host, 0), family=socket.AF_INET6 if ":" in host else socket.AF_INET)
     port = listener.getsockname()[1]
-    store = TCPStore(host, port, is_master=True, wait_for_workers=False, master_listen_fd=listener.fileno(), use_libuv=True)
+    store = TCPStore(
+        host, port, is_master=True, wait_for_workers=False, master_listen_fd=listener.fileno(), use_libuv=True
+    )
     return listener, store
 
 
@@ -153,7 +155,9 @@ class TorchftGroup:
         since a group still starting up would otherwise miss the first round."""
         return self._round(deltas, contribute=False, final=False, ends=False, groups=groups)
 
-    def _round(self, deltas: list[torch.Tensor], contribute: bool, final: bool, ends: bool, groups: int = 1) -> Exchange:
+    def _round(
+        self, deltas: list[torch.Tensor], contribute: bool, final: bool, ends: bool, groups: int = 1
+    ) -> Exchange:
         self._quorum(groups)
         contribute = contribute and self.healed_in is None and self._refusal is None
         flat = torch.cat([delta.reshape(-1).float() for delta in deltas])
@@ -175,7 +179,9 @@ class TorchftGroup:
             return Exchange.done(None)
         averaged = summed[:-4] / self.contributors
         parts = averaged.split([delta.numel() for delta in deltas])
-        return Exchange.done([part.view_as(delta) for part, delta in zip(parts, deltas)], final=finals > 0, ends=endings > 0)
+        return Exchange.done(
+            [part.view_as(delta) for part, delta in zip(parts, deltas)], final=finals > 0, ends=endings > 0
+        )
 
     def _discard_cause(self, committed: bool) -> str | None:
         """Why the round just taken part in was discarded, or None where it committed."""
@@ -212,15 +218,19 @@ class TorchftGroup:
             "a quorum formed with %d replica group(s), fewer than min_groups=%d: the lighthouse's --min_replicas is"
             " below min_groups, so a group the others leave behind forms quorums of its own, whose rounds are"
             " discarded; start the lighthouse with --min_replicas %d to make such a group wait for its peers instead",
-            self.groups_present, self._min_groups, self._min_groups,
-        )  # fmt: skip
+            self.groups_present,
+            self._min_groups,
+            self._min_groups,
+        )
 
     def _check_settings(self) -> None:
         """Every group present shows its fingerprint and whether it has trained in the run.
         Where they differ, the groups new to the run whose fingerprint is not that of the
         groups already training are refused (all of them, where none has trained yet)."""
         table = torch.zeros(self._slots(), 2 + FINGERPRINT_SLOTS, dtype=torch.float64)
-        table[self._group] = torch.cat([torch.tensor([1.0, float(self._checked > 0)], dtype=torch.float64), self._fingerprint])
+        table[self._group] = torch.cat(
+            [torch.tensor([1.0, float(self._checked > 0)], dtype=torch.float64), self._fingerprint]
+        )
         self.manager.allreduce(table, reduce_op=ReduceOp.SUM).wait()
         if self.manager.errored() is not None:  # the round is discarded; the next quorum checks again
             self._pending = None
@@ -234,15 +244,18 @@ class TorchftGroup:
         if self._group in refused:
             mine = prints[self._group]
             other = next(g for g in sorted(prints) if prints[g] != mine and (not training or prints[g] in training))
-            self._refusal = ("the DiLoCo replica groups run with different settings: "
-                             f"{self._difference(settings, self._group, other)}; start every group with the same"
-                             " overrides but technique.diloco.torchft.group.")  # fmt: skip
+            self._refusal = (
+                "the DiLoCo replica groups run with different settings: "
+                f"{self._difference(settings, self._group, other)}; start every group with the same"
+                " overrides but technique.diloco.torchft.group."
+            )
             return
         for g in refused:
             log.warning(
                 "replica group %d was refused, its settings not the run's: %s; the groups already training go on",
-                g, self._difference(settings, g, self._group),
-            )  # fmt: skip
+                g,
+                self._difference(settings, g, self._group),
+            )
 
     def _slots(self) -> int:
         return max(SETTINGS_SLOTS, self._group + 1)
@@ -273,8 +286,11 @@ class TorchftGroup:
         data = torch.zeros(slots, width, dtype=torch.float64)
         data[self._group, : len(encoded)] = torch.tensor(list(encoded), dtype=torch.float64)
         self.manager.allreduce(data, reduce_op=ReduceOp.SUM).wait()
-        return {group: json.loads(bytes(int(round(b)) for b in data[group, : int(length)].tolist()).decode())
-                for group, length in enumerate(lengths[:slots].tolist()) if length}  # fmt: skip
+        return {
+            group: json.loads(bytes(int(round(b)) for b in data[group, : int(length)].tolist()).decode())
+            for group, length in enumerate(lengths[:slots].tolist())
+            if length
+        }
 
     @staticmethod
     def _difference(settings: dict[int, dict[str, Any]], group: int, other: int) -> str:

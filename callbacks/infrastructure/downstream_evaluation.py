@@ -37,9 +37,14 @@ class DownstreamEvaluation(StepCallback):
     """
 
     def __init__(
-        self, tasks: list[str], every_n_tokens: int | None, limit: int | None, batch_size: int, cloze_items: int,
+        self,
+        tasks: list[str],
+        every_n_tokens: int | None,
+        limit: int | None,
+        batch_size: int,
+        cloze_items: int,
         cloze_seed: int,
-    ) -> None:  # fmt: skip
+    ) -> None:
         if not tasks:
             raise ValueError("evaluation.tasks is empty; name at least one task, e.g. [corpus_cloze].")
         self.task_names, self.limit, self.batch_size = list(tasks), limit, batch_size
@@ -60,9 +65,10 @@ class DownstreamEvaluation(StepCallback):
     def _build_tasks(self, data_settings: dict[str, Any]) -> None:
         self._tasks = [
             build_corpus_cloze_task(data_settings, k=self.cloze_items, seed=self.cloze_seed)
-            if name == TASK_NAME else TaskSpec(name)
+            if name == TASK_NAME
+            else TaskSpec(name)
             for name in self.task_names
-        ]  # fmt: skip
+        ]
 
     def on_step_end(self, state: TrainingState) -> None:
         due = self.interval is not None and self.interval.due(state.clock.tokens)
@@ -74,16 +80,27 @@ class DownstreamEvaluation(StepCallback):
         start = time.perf_counter()
         model = state.model
         model.eval()
-        lm = LlamaLM(model, self._datamodule.tokenizer, max_length=self._datamodule.seq_len,
-                     batch_size=self.batch_size, device=state.device)  # fmt: skip
+        lm = LlamaLM(
+            model,
+            self._datamodule.tokenizer,
+            max_length=self._datamodule.seq_len,
+            batch_size=self.batch_size,
+            device=state.device,
+        )
         with torch.no_grad():
             results = evaluate(lm, self._tasks, self.limit)
         model.train()
-        metrics = {f"eval/{task}/{metric}": value for task, values in results.items() for metric, value in values.items()}
+        metrics = {
+            f"eval/{task}/{metric}": value for task, values in results.items() for metric, value in values.items()
+        }
         state.record_metrics(metrics)
         state.log_now()
-        log.info("evaluation at %s tokens in %.1f s: %s", f"{state.clock.tokens:,}", time.perf_counter() - start,
-                 ", ".join(f"{key} {value:.4f}" for key, value in metrics.items()))  # fmt: skip
+        log.info(
+            "evaluation at %s tokens in %.1f s: %s",
+            f"{state.clock.tokens:,}",
+            time.perf_counter() - start,
+            ", ".join(f"{key} {value:.4f}" for key, value in metrics.items()),
+        )
         return metrics
 
     def state_dict(self) -> dict[str, Any]:

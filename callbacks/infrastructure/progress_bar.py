@@ -22,7 +22,12 @@ import lightning as L
 from lightning.pytorch.callbacks import TQDMProgressBar
 from lightning.pytorch.callbacks.progress.tqdm_progress import Tqdm
 
-SHOWN = {"train/loss": "loss", "val/loss": "val_loss", "perf/tokens_per_sec": "tokens/s", "diloco/pseudo_grad_norm": "pg_norm"}
+SHOWN = {
+    "train/loss": "loss",
+    "val/loss": "val_loss",
+    "perf/tokens_per_sec": "tokens/s",
+    "diloco/pseudo_grad_norm": "pg_norm",
+}
 #: Whole numbers, shown as such: DiLoCo's outer round (once a sync has logged it).
 COUNTS = {"diloco/round": "round"}
 #: Shown from the first time they differ from their first value in the run: a technique

@@ -67,7 +67,10 @@ class Throughput(StepCallback):
             name = torch.cuda.get_device_name(state.device)
             self.peak = peak_flops(name)
             if self.peak is None and trainer.is_global_zero:
-                log.info("MFU is not logged: %r is not in the peak table; set callbacks.throughput.peak_flops_per_device.", name)
+                log.info(
+                    "MFU is not logged: %r is not in the peak table; set callbacks.throughput.peak_flops_per_device.",
+                    name,
+                )
         if state.layout.float8 != "none" and state.device.type == "cuda":
             self._find_float8_peak(torch.cuda.get_device_name(state.device), trainer.is_global_zero)
         if self.warmup_steps == 0:
@@ -78,8 +81,9 @@ class Throughput(StepCallback):
         if announce and self.peak is not None and self.float8_peak is not None:
             log.info(
                 "float8: perf/mfu is against the bf16 peak (%.0f TFLOP/s); perf/mfu_of_float8_peak against float8's (%.0f TFLOP/s)",
-                self.peak / 1e12, self.float8_peak / 1e12,
-            )  # fmt: skip
+                self.peak / 1e12,
+                self.float8_peak / 1e12,
+            )
 
     def on_step_end(self, state: TrainingState) -> None:
         model, hardware = self._flops_per_token(state)

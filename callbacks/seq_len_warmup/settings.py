@@ -71,7 +71,9 @@ class SeqLenWarmupSettings(TechniqueSettings):
                     f" (it is not rounded for you); try {max(1, round(value / self.difficulty_step)) * self.difficulty_step}."
                 )
         if self.max_difficulty is not None and self.min_difficulty > self.max_difficulty:
-            raise ConfigError(f"{self.key}.min_difficulty={self.min_difficulty} exceeds max_difficulty={self.max_difficulty}.")
+            raise ConfigError(
+                f"{self.key}.min_difficulty={self.min_difficulty} exceeds max_difficulty={self.max_difficulty}."
+            )
         if self.schedule_type == "fixed_root" and self.root_degree < 1:
             raise ConfigError(f"{self.key}.root_degree={self.root_degree} must be >= 1.")
 
@@ -92,7 +94,9 @@ class SeqLenWarmupSettings(TechniqueSettings):
         else:
             longest, name = self.longest(run.seq_len), "max_difficulty"
             if self.min_difficulty > longest:
-                raise ConfigError(f"{self.key}.min_difficulty={self.min_difficulty} exceeds data.seq_len={run.seq_len}.")
+                raise ConfigError(
+                    f"{self.key}.min_difficulty={self.min_difficulty} exceeds data.seq_len={run.seq_len}."
+                )
         if longest > run.seq_len:
             raise ConfigError(
                 f"{self.key}.{name}={longest} is longer than the packed length data.seq_len={run.seq_len};"

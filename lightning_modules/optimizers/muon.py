@@ -74,10 +74,27 @@ class Muon(torch.optim.Optimizer):
     in ``ns_dtype``, decoupled weight decay. Group keys and the ``momentum_buffer`` state are
     ``torch.optim.Muon``'s (plus ``ns_dtype``), so its checkpoints load here."""
 
-    def __init__(self, params: Any, *, lr: float, weight_decay: float, momentum: float, nesterov: bool,
-                 ns_steps: int, adjust_lr_fn: str, ns_dtype: str) -> None:  # fmt: skip
-        defaults = {"lr": lr, "weight_decay": weight_decay, "momentum": momentum, "nesterov": nesterov,
-                    "ns_steps": ns_steps, "adjust_lr_fn": adjust_lr_fn, "ns_dtype": ns_dtype}  # fmt: skip
+    def __init__(
+        self,
+        params: Any,
+        *,
+        lr: float,
+        weight_decay: float,
+        momentum: float,
+        nesterov: bool,
+        ns_steps: int,
+        adjust_lr_fn: str,
+        ns_dtype: str,
+    ) -> None:
+        defaults = {
+            "lr": lr,
+            "weight_decay": weight_decay,
+            "momentum": momentum,
+            "nesterov": nesterov,
+            "ns_steps": ns_steps,
+            "adjust_lr_fn": adjust_lr_fn,
+            "ns_dtype": ns_dtype,
+        }
         super().__init__(params, defaults)
 
     @torch.no_grad()
@@ -102,9 +119,11 @@ def hidden_matrices(model: nn.Module) -> list[nn.Parameter]:
     """The weights of the linear layers inside the transformer blocks."""
     return [
         module.weight
-        for block in model.modules() if isinstance(block, TransformerBlock)
-        for module in block.modules() if isinstance(module, nn.Linear) and module.weight.requires_grad
-    ]  # fmt: skip
+        for block in model.modules()
+        if isinstance(block, TransformerBlock)
+        for module in block.modules()
+        if isinstance(module, nn.Linear) and module.weight.requires_grad
+    ]
 
 
 class MuonWithAdamW(torch.optim.Optimizer):
@@ -206,22 +225,35 @@ class MuonSettings(OptimizerSettings):
         muon_ids = {id(p) for p in hidden}
         rest = [p for p in trainable(model) if id(p) not in muon_ids]
         muon = Muon(
-            [{"params": hidden, "name": "muon"}], lr=self.lr, weight_decay=self.weight_decay, momentum=self.momentum,
-            nesterov=self.nesterov, ns_steps=self.ns_steps, adjust_lr_fn=self.adjust_lr_fn,
+            [{"params": hidden, "name": "muon"}],
+            lr=self.lr,
+            weight_decay=self.weight_decay,
+            momentum=self.momentum,
+            nesterov=self.nesterov,
+            ns_steps=self.ns_steps,
+            adjust_lr_fn=self.adjust_lr_fn,
             ns_dtype=self.iteration_dtype(hidden),
-        )  # fmt: skip
+        )
         decayed, gains = decay_groups(rest, model, self.weight_decay)
         fused = fused and all(p.device.type == "cuda" for p in rest)
         adamw = torch.optim.AdamW(
-            [{**decayed, "name": "adamw"}, {**gains, "name": "adamw_no_decay"}], lr=self.lr, betas=tuple(self.betas),
-            eps=self.eps, fused=fused or None,
-        )  # fmt: skip
+            [{**decayed, "name": "adamw"}, {**gains, "name": "adamw_no_decay"}],
+            lr=self.lr,
+            betas=tuple(self.betas),
+            eps=self.eps,
+            fused=fused or None,
+        )
         return MuonWithAdamW(muon, adamw)
 
     def apply(self, optimizer: torch.optim.Optimizer) -> None:
         muon, decayed, gains = optimizer.param_groups
-        muon.update(weight_decay=self.weight_decay, momentum=self.momentum, nesterov=self.nesterov,
-                    ns_steps=self.ns_steps, adjust_lr_fn=self.adjust_lr_fn,
-                    ns_dtype=self.iteration_dtype(muon["params"]))  # fmt: skip
+        muon.update(
+            weight_decay=self.weight_decay,
+            momentum=self.momentum,
+            nesterov=self.nesterov,
+            ns_steps=self.ns_steps,
+            adjust_lr_fn=self.adjust_lr_fn,
+            ns_dtype=self.iteration_dtype(muon["params"]),
+        )
         for group, decay in ((decayed, self.weight_decay), (gains, 0.0)):
             group.update(betas=tuple(self.betas), eps=self.eps, weight_decay=decay)

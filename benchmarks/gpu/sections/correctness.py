@@ -72,10 +72,16 @@ def correctness_checks(suite: Suite) -> list[Check]:
         Check("loss=liger against plain", reference, [*reference, "layout.loss=liger"], no_liger),
         Check("liger_kernels=true against off", reference, [*reference, "layout.liger_kernels=true"], no_liger),
         Check("compile=model against none", reference, [*reference, "layout.compile=model"]),
-        Check("strategy=fsdp2 (1 device) against single device", reference, [*reference, "strategy=fsdp2", *one_device]),
-        Check("strategy=fsdp (FSDP1, 1 device) against single device", reference, [*reference, "strategy=fsdp", *one_device],
-              no_fsdp1),
-    ]  # fmt: skip
+        Check(
+            "strategy=fsdp2 (1 device) against single device", reference, [*reference, "strategy=fsdp2", *one_device]
+        ),
+        Check(
+            "strategy=fsdp (FSDP1, 1 device) against single device",
+            reference,
+            [*reference, "strategy=fsdp", *one_device],
+            no_fsdp1,
+        ),
+    ]
 
 
 def correctness(suite: Suite) -> Table:
@@ -89,7 +95,9 @@ def correctness(suite: Suite) -> Table:
             rows.append({**row, "steps": 0, "result": check.unavailable})
             continue
         reference = suite.run(f"{check.name}: reference", check.reference, steps, 0, every_step=True)
-        compared = suite.run(f"{check.name}: compared", check.compared, steps, 0, every_step=True, repeat=int(check.repeat))
+        compared = suite.run(
+            f"{check.name}: compared", check.compared, steps, 0, every_step=True, repeat=int(check.repeat)
+        )
         row.update(loss_differences(reference, compared))
         failed = next((run.status for run in (reference, compared) if not run.ok), None)
         within = row["max_abs_diff"] is not None and row["max_abs_diff"] <= suite.args.tolerance
@@ -97,4 +105,3 @@ def correctness(suite: Suite) -> Table:
         row["reference_losses"], row["compared_losses"] = reference.losses, compared.losses
         rows.append(row)
     return Table("correctness", CORRECTNESS_COLUMNS, rows)
-

@@ -17,8 +17,15 @@ from lightning_modules.flops import float8_peak_flops, peak_flops
 FLOAT8_LOSS_TOLERANCE = 2e-2
 FLOAT8_THROUGHPUT_GOAL = 1.2  # tokens/s against bf16 (OLMo-core's 1B: 1.18x)
 
-FLOAT8_COLUMNS = [Column("variant", "layout"), TOKENS, Column("ratio", "vs bf16", decimals), MFU,
-                  Column("float8_peak_share", "of the float8 peak", percent), PEAK, STATUS]  # fmt: skip
+FLOAT8_COLUMNS = [
+    Column("variant", "layout"),
+    TOKENS,
+    Column("ratio", "vs bf16", decimals),
+    MFU,
+    Column("float8_peak_share", "of the float8 peak", percent),
+    PEAK,
+    STATUS,
+]
 LOSS_COLUMNS = [
     Column("check", "check"),
     Column("model", "model"),
@@ -38,9 +45,11 @@ def float8_variants(plan: Plan) -> list[tuple[str, list[str]]]:
         ("bf16", []),
         ("float8 tensorwise", ["layout.float8=tensorwise", *plan.float8]),
         ("float8 rowwise", ["layout.float8=rowwise", *plan.float8]),
-        ("float8 tensorwise, FSDP2 bf16 parameters (float8 all-gather)",
-         ["layout.float8=tensorwise", *plan.float8, *bf16_parameters]),
-    ]  # fmt: skip
+        (
+            "float8 tensorwise, FSDP2 bf16 parameters (float8 all-gather)",
+            ["layout.float8=tensorwise", *plan.float8, *bf16_parameters],
+        ),
+    ]
 
 
 def float8_peak_share(plan: Plan, mfu: float | None) -> float | None:
@@ -57,14 +66,28 @@ def float8(suite: Suite) -> Table:
     plan, args = suite.plan, suite.args
     batch = plan.global_batch
     # The mfu section's reference layout, in its order of overrides: its bf16 row is this one's.
-    base = suite.overrides(plan.model, f"batch.global_batch_size={batch}", "layout.activation_checkpointing=none",
-                           *plan.work_kernels, f"batch.micro_batch_size={batch}", f"layout.compile={plan.work_compile}")  # fmt: skip
+    base = suite.overrides(
+        plan.model,
+        f"batch.global_batch_size={batch}",
+        "layout.activation_checkpointing=none",
+        *plan.work_kernels,
+        f"batch.micro_batch_size={batch}",
+        f"layout.compile={plan.work_compile}",
+    )
     rows: list[dict[str, Any]] = []
     for label, overrides in float8_variants(plan):
         run = suite.run(f"float8: {label}", [*base, *overrides], args.steps, args.warmup)
-        rows.append({"variant": label, "model": plan.model, "tokens_per_sec": run.tokens_per_sec, "mfu": run.mfu,
-                     "float8_peak_share": float8_peak_share(plan, run.mfu), "peak_memory_gb": run.peak_memory_gb,
-                     "status": run.status})  # fmt: skip
+        rows.append(
+            {
+                "variant": label,
+                "model": plan.model,
+                "tokens_per_sec": run.tokens_per_sec,
+                "mfu": run.mfu,
+                "float8_peak_share": float8_peak_share(plan, run.mfu),
+                "peak_memory_gb": run.peak_memory_gb,
+                "status": run.status,
+            }
+        )
     add_ratios(rows)
     for row in rows[1:]:
         if row.get("ratio") is not None and rows[0].get("tokens_per_sec") is not None:
@@ -76,7 +99,7 @@ def float8(suite: Suite) -> Table:
 def tail_mean(reference: dict[int, float], other: dict[int, float]) -> float | None:
     """Mean |other - reference| over the last quarter of the steps both logged."""
     steps = sorted(set(reference) & set(other))
-    tail = steps[len(steps) - max(1, len(steps) // 4):]
+    tail = steps[len(steps) - max(1, len(steps) // 4) :]
     return sum(abs(other[step] - reference[step]) for step in tail) / len(tail) if tail else None
 
 
@@ -86,18 +109,31 @@ def float8_losses(suite: Suite) -> Table:
     same seed and data at the correctness LR, compiled as float8 is meant to run."""
     plan = suite.plan
     batch, steps = plan.correctness_batch, plan.float8_loss_steps
-    bf16 = suite.overrides(plan.correctness_model, f"batch.global_batch_size={batch}", f"batch.micro_batch_size={batch}",
-                           f"layout.compile={plan.work_compile}", "layout.activation_checkpointing=none", *plan.work_kernels,
-                           f"optimizer.lr={plan.correctness_lr}")  # fmt: skip
+    bf16 = suite.overrides(
+        plan.correctness_model,
+        f"batch.global_batch_size={batch}",
+        f"batch.micro_batch_size={batch}",
+        f"layout.compile={plan.work_compile}",
+        "layout.activation_checkpointing=none",
+        *plan.work_kernels,
+        f"optimizer.lr={plan.correctness_lr}",
+    )
     reference = suite.run("float8 losses: bf16", bf16, steps, 0, every_step=True)
     compared = [("bf16 against the same bf16 run again", bf16, 1)]
-    compared += [(f"float8 {recipe} against bf16", [*bf16, f"layout.float8={recipe}", *plan.float8], 0)
-                 for recipe in ("tensorwise", "rowwise")]  # fmt: skip
+    compared += [
+        (f"float8 {recipe} against bf16", [*bf16, f"layout.float8={recipe}", *plan.float8], 0)
+        for recipe in ("tensorwise", "rowwise")
+    ]
     rows = []
     for name, overrides, repeat in compared:
         run = suite.run(f"float8 losses: {name}", overrides, steps, 0, every_step=True, repeat=repeat)
-        row = {"check": name, "model": plan.correctness_model, "tolerance": FLOAT8_LOSS_TOLERANCE,
-               **loss_differences(reference, run), "tail_mean_abs_diff": tail_mean(reference.losses, run.losses)}  # fmt: skip
+        row = {
+            "check": name,
+            "model": plan.correctness_model,
+            "tolerance": FLOAT8_LOSS_TOLERANCE,
+            **loss_differences(reference, run),
+            "tail_mean_abs_diff": tail_mean(reference.losses, run.losses),
+        }
         failed = next((r.status for r in (reference, run) if not r.ok), None)
         within = row["tail_mean_abs_diff"] is not None and row["tail_mean_abs_diff"] <= FLOAT8_LOSS_TOLERANCE
         judged = "pass" if within else "FAIL"

@@ -6,8 +6,15 @@ from benchmarks.gpu.tables import MFU, PEAK, STATUS, TOKENS, Column, Table, add_
 from lightning_modules.liger_kernels import liger_available
 
 
-KERNEL_COLUMNS = [Column("variant", "kernels"), Column("layout", "layout"), TOKENS,
-                  Column("ratio", "vs first row", decimals), MFU, PEAK, STATUS]  # fmt: skip
+KERNEL_COLUMNS = [
+    Column("variant", "kernels"),
+    Column("layout", "layout"),
+    TOKENS,
+    Column("ratio", "vs first row", decimals),
+    MFU,
+    PEAK,
+    STATUS,
+]
 
 
 def kernel_variants(plan: Plan) -> list[tuple[str, list[str], str | None]]:
@@ -20,11 +27,17 @@ def kernel_variants(plan: Plan) -> list[tuple[str, list[str], str | None]]:
     return [
         ("liger CE + liger norm/SwiGLU/RoPE", [*liger_loss, "layout.liger_kernels=true"], no_liger),
         ("liger CE + torch norm/SwiGLU/RoPE", [*liger_loss, "layout.liger_kernels=false"], no_liger),
-        ("liger CE + torch norm/SwiGLU/RoPE + cuDNN attention",
-         [*liger_loss, "layout.liger_kernels=false", "layout.attention_backend=cudnn"], no_liger or no_cudnn),
-        ("chunked CE + torch norm/SwiGLU/RoPE",
-         ["layout.loss=chunked", "layout.fused_adamw=true", "layout.liger_kernels=false"], None),
-    ]  # fmt: skip
+        (
+            "liger CE + torch norm/SwiGLU/RoPE + cuDNN attention",
+            [*liger_loss, "layout.liger_kernels=false", "layout.attention_backend=cudnn"],
+            no_liger or no_cudnn,
+        ),
+        (
+            "chunked CE + torch norm/SwiGLU/RoPE",
+            ["layout.loss=chunked", "layout.fused_adamw=true", "layout.liger_kernels=false"],
+            None,
+        ),
+    ]
 
 
 def kernels(suite: Suite) -> Table:
@@ -33,8 +46,13 @@ def kernels(suite: Suite) -> Table:
     plan, args = suite.plan, suite.args
     micro, checkpointing, compile_mode = plan.kernel_layout
     layout = f"micro {micro}, ckpt {checkpointing}, compile {compile_mode}"
-    base = suite.overrides(plan.model, f"batch.global_batch_size={plan.global_batch}", f"batch.micro_batch_size={micro}",
-                           f"layout.activation_checkpointing={checkpointing}", f"layout.compile={compile_mode}")  # fmt: skip
+    base = suite.overrides(
+        plan.model,
+        f"batch.global_batch_size={plan.global_batch}",
+        f"batch.micro_batch_size={micro}",
+        f"layout.activation_checkpointing={checkpointing}",
+        f"layout.compile={compile_mode}",
+    )
     rows = []
     for label, overrides, unavailable in kernel_variants(plan):
         row = {"variant": label, "layout": layout, "model": plan.model}

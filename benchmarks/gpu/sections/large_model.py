@@ -20,12 +20,14 @@ LARGE_COLUMNS = [
     Column("seq_len", "tokens"),
     Column("micro_batch", "micro-batch"),
     Column("global_batch", "global batch"),
-    TOKENS, MFU,
+    TOKENS,
+    MFU,
     Column("plan_states_gib", "plan: weights + grads + AdamW GiB", lambda v: f"{v:.1f}"),
     Column("plan_activations_gib", "plan: activations GiB", lambda v: f"{v:.1f}"),
     Column("plan_total_gib", "plan: total GiB", lambda v: f"{v:.1f}"),
-    PEAK, STATUS,
-]  # fmt: skip
+    PEAK,
+    STATUS,
+]
 ACCUMULATION = 2  # micro-batches per step: the step's fixed costs (optimizer, gathers) shared by two
 
 
@@ -42,14 +44,32 @@ def large_model(suite: Suite) -> Table:
     for micro in plan.large_micro_batches:
         batch = ACCUMULATION * micro
         overrides = suite.overrides(
-            plan.large_model, f"batch.global_batch_size={batch}", f"batch.micro_batch_size={micro}", "strategy=fsdp2",
-            "trainer.devices=1", "layout.fsdp_mixed_precision=true", "layout.activation_checkpointing=full",
-            f"layout.compile={plan.work_compile}", *plan.work_kernels, seq_len=plan.large_seq_len,
-        )  # fmt: skip
+            plan.large_model,
+            f"batch.global_batch_size={batch}",
+            f"batch.micro_batch_size={micro}",
+            "strategy=fsdp2",
+            "trainer.devices=1",
+            "layout.fsdp_mixed_precision=true",
+            "layout.activation_checkpointing=full",
+            f"layout.compile={plan.work_compile}",
+            *plan.work_kernels,
+            seq_len=plan.large_seq_len,
+        )
         memory = planned(overrides)
         run = suite.run(f"large model: {plan.large_model} micro {micro}", overrides, args.steps, args.warmup)
-        rows.append({"model": plan.large_model, "seq_len": plan.large_seq_len, "micro_batch": micro, "global_batch": batch,
-                     "tokens_per_sec": run.tokens_per_sec, "mfu": run.mfu, "plan_states_gib": memory.states / GIB,
-                     "plan_activations_gib": memory.activations / GIB, "plan_total_gib": memory.total / GIB,
-                     "peak_memory_gb": run.peak_memory_gb, "status": run.status})  # fmt: skip
+        rows.append(
+            {
+                "model": plan.large_model,
+                "seq_len": plan.large_seq_len,
+                "micro_batch": micro,
+                "global_batch": batch,
+                "tokens_per_sec": run.tokens_per_sec,
+                "mfu": run.mfu,
+                "plan_states_gib": memory.states / GIB,
+                "plan_activations_gib": memory.activations / GIB,
+                "plan_total_gib": memory.total / GIB,
+                "peak_memory_gb": run.peak_memory_gb,
+                "status": run.status,
+            }
+        )
     return Table("large_model", LARGE_COLUMNS, rows)

@@ -15,7 +15,11 @@ LAYOUT_COLUMNS = [
     Column("activation_checkpointing", "act. ckpt"),
     Column("compile", "compile"),
     Column("kernels", "kernels"),
-    TOKENS, MFU, Column("hfu", "HFU", percent), PEAK, STATUS,
+    TOKENS,
+    MFU,
+    Column("hfu", "HFU", percent),
+    PEAK,
+    STATUS,
 ]
 
 
@@ -53,11 +57,14 @@ def layouts(suite: Suite) -> Table:
     # Checkpointing outermost: the rows without it (the likely fastest where memory allows)
     # run first, so a tight budget skips the recomputing layouts rather than the fast ones.
     grid = itertools.product(ACTIVATION_CHECKPOINTING, plan.micro_batches, ("none", "blocks"))
-    rows = [layout_row(suite, plan.model, micro, checkpointing, compile_mode) for checkpointing, micro, compile_mode in grid]
+    rows = [
+        layout_row(suite, plan.model, micro, checkpointing, compile_mode) for checkpointing, micro, compile_mode in grid
+    ]
     mark_best(rows, 0)
     searched_from = len(rows)
     for model in plan.small_models:
-        rows += [layout_row(suite, model, plan.global_batch, "none", compile_mode) for compile_mode in ("none", "blocks")]
+        rows += [
+            layout_row(suite, model, plan.global_batch, "none", compile_mode) for compile_mode in ("none", "blocks")
+        ]
     mark_best(rows, searched_from)
     return Table("layouts", LAYOUT_COLUMNS, rows)
-

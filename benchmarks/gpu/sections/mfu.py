@@ -5,8 +5,15 @@ from benchmarks.gpu.suite import Suite
 from benchmarks.gpu.tables import MFU, PEAK, STATUS, TOKENS, Column, Table, add_ratios, decimals, mark_best, percent
 
 
-MFU_COLUMNS = [Column("variant", "layout"), TOKENS, Column("ratio", "vs first row", decimals), MFU,
-               Column("hfu", "HFU", percent), PEAK, STATUS]  # fmt: skip
+MFU_COLUMNS = [
+    Column("variant", "layout"),
+    TOKENS,
+    Column("ratio", "vs first row", decimals),
+    MFU,
+    Column("hfu", "HFU", percent),
+    PEAK,
+    STATUS,
+]
 
 
 def mfu_variants(plan: Plan) -> list[tuple[str, list[str]]]:
@@ -22,12 +29,24 @@ def mfu_variants(plan: Plan) -> list[tuple[str, list[str]]]:
         (f"micro {whole} (no accumulation), compile blocks", reference),
         (f"micro {whole}, compile blocks, cuDNN attention", [*reference, "layout.attention_backend=cudnn"]),
         (f"micro {whole}, compile blocks, FlashAttention", [*reference, "layout.attention_backend=flash"]),
-        (f"micro {2 * whole} (global {2 * whole}), compile blocks, MLPs recomputed",
-         [f"batch.global_batch_size={2 * whole}", f"batch.micro_batch_size={2 * whole}", "layout.compile=blocks",
-          "layout.activation_checkpointing=mlp"]),
-        (f"micro {whole}, compile model, max-autotune-no-cudagraphs",
-         [f"batch.micro_batch_size={whole}", "layout.compile=model", "layout.compile_mode=max-autotune-no-cudagraphs"]),
-    ]  # fmt: skip
+        (
+            f"micro {2 * whole} (global {2 * whole}), compile blocks, MLPs recomputed",
+            [
+                f"batch.global_batch_size={2 * whole}",
+                f"batch.micro_batch_size={2 * whole}",
+                "layout.compile=blocks",
+                "layout.activation_checkpointing=mlp",
+            ],
+        ),
+        (
+            f"micro {whole}, compile model, max-autotune-no-cudagraphs",
+            [
+                f"batch.micro_batch_size={whole}",
+                "layout.compile=model",
+                "layout.compile_mode=max-autotune-no-cudagraphs",
+            ],
+        ),
+    ]
 
 
 def mfu(suite: Suite) -> Table:
@@ -35,14 +54,26 @@ def mfu(suite: Suite) -> Table:
     Inductor's norm/SwiGLU/RoPE, fused AdamW) at each lever of ``mfu_variants`` (no
     checkpointing unless the lever says); the ratio is against the first row that ran."""
     plan, args = suite.plan, suite.args
-    base = suite.overrides(plan.model, f"batch.global_batch_size={plan.global_batch}",
-                           "layout.activation_checkpointing=none", *plan.work_kernels)  # fmt: skip
+    base = suite.overrides(
+        plan.model,
+        f"batch.global_batch_size={plan.global_batch}",
+        "layout.activation_checkpointing=none",
+        *plan.work_kernels,
+    )
     rows = []
     for label, overrides in mfu_variants(plan):
         run = suite.run(f"mfu: {label}", [*base, *overrides], args.steps, args.warmup)
-        rows.append({"variant": label, "model": plan.model, "tokens_per_sec": run.tokens_per_sec, "mfu": run.mfu,
-                     "hfu": run.hfu, "peak_memory_gb": run.peak_memory_gb, "status": run.status})  # fmt: skip
+        rows.append(
+            {
+                "variant": label,
+                "model": plan.model,
+                "tokens_per_sec": run.tokens_per_sec,
+                "mfu": run.mfu,
+                "hfu": run.hfu,
+                "peak_memory_gb": run.peak_memory_gb,
+                "status": run.status,
+            }
+        )
     add_ratios(rows)
     mark_best(rows, 0)
     return Table("mfu", MFU_COLUMNS, rows)
-

@@ -33,8 +33,11 @@ TOP_OPERATORS = 15
 
 
 def profile_overrides(path: Path, skip: int) -> list[str]:
-    return ["+callbacks.profile._target_=benchmarks.gpu.profiler.ProfileSteps", f"+callbacks.profile.path={path}",
-            f"+callbacks.profile.skip={skip}"]  # fmt: skip
+    return [
+        "+callbacks.profile._target_=benchmarks.gpu.profiler.ProfileSteps",
+        f"+callbacks.profile.path={path}",
+        f"+callbacks.profile.skip={skip}",
+    ]
 
 
 def read_profile(path: Path) -> dict[str, Any] | None:
@@ -52,25 +55,40 @@ def device_ms_per_step(profile: dict[str, Any] | None) -> float | None:
 
 def profile_difference(baseline: dict[str, Any], tested: dict[str, Any]) -> str:
     """Markdown: the operators whose device time per step grew most with the norm test."""
+
     def per_step(profile: dict[str, Any], name: str, key: str) -> float:
         op = profile["ops"].get(name)
         return op[key] / profile["steps"] / 1e3 if op else 0.0
 
     names = set(baseline["ops"]) | set(tested["ops"])
-    grown = sorted(names, key=lambda n: per_step(tested, n, "self_device_us") - per_step(baseline, n, "self_device_us"),
-                   reverse=True)[:TOP_OPERATORS]  # fmt: skip
-    lines = ["| operator | device ms/step, norm test | baseline | difference | host ms/step, norm test | baseline |",
-             "|---|---|---|---|---|---|"]  # fmt: skip
+    grown = sorted(
+        names,
+        key=lambda n: per_step(tested, n, "self_device_us") - per_step(baseline, n, "self_device_us"),
+        reverse=True,
+    )[:TOP_OPERATORS]
+    lines = [
+        "| operator | device ms/step, norm test | baseline | difference | host ms/step, norm test | baseline |",
+        "|---|---|---|---|---|---|",
+    ]
     for name in grown:
         device = per_step(tested, name, "self_device_us"), per_step(baseline, name, "self_device_us")
         host = per_step(tested, name, "self_host_us"), per_step(baseline, name, "self_host_us")
-        lines.append(f"| `{name}` | {device[0]:.3f} | {device[1]:.3f} | {device[0] - device[1]:+.3f} | {host[0]:.3f} | {host[1]:.3f} |")
+        lines.append(
+            f"| `{name}` | {device[0]:.3f} | {device[1]:.3f} | {device[0] - device[1]:+.3f} | {host[0]:.3f} | {host[1]:.3f} |"
+        )
     return "\n".join(lines)
 
 
-def norm_row(layout: str, baseline: RunResult, tested: RunResult, profiles: tuple[dict | None, dict | None]) -> dict[str, Any]:
-    row = {"layout": layout, "baseline_tokens_per_sec": baseline.tokens_per_sec, "tokens_per_sec": tested.tokens_per_sec,
-           "baseline_device_ms": device_ms_per_step(profiles[0]), "device_ms": device_ms_per_step(profiles[1])}  # fmt: skip
+def norm_row(
+    layout: str, baseline: RunResult, tested: RunResult, profiles: tuple[dict | None, dict | None]
+) -> dict[str, Any]:
+    row = {
+        "layout": layout,
+        "baseline_tokens_per_sec": baseline.tokens_per_sec,
+        "tokens_per_sec": tested.tokens_per_sec,
+        "baseline_device_ms": device_ms_per_step(profiles[0]),
+        "device_ms": device_ms_per_step(profiles[1]),
+    }
     if baseline.tokens_per_sec is None or tested.tokens_per_sec is None:
         return {**row, "result": tested.status if not tested.ok else baseline.status}
     overhead = 1 - tested.tokens_per_sec / baseline.tokens_per_sec
@@ -100,8 +118,13 @@ def norm_test(suite: Suite) -> Table:
     out = Path(args.out)
     rows, written = [], []
     for compile_mode, profiled in ((plan.work_compile, False), ("none", True)):
-        work = suite.overrides(plan.model, f"batch.micro_batch_size={micro}", f"layout.compile={compile_mode}",
-                               "layout.activation_checkpointing=none", *plan.work_kernels)  # fmt: skip
+        work = suite.overrides(
+            plan.model,
+            f"batch.micro_batch_size={micro}",
+            f"layout.compile={compile_mode}",
+            "layout.activation_checkpointing=none",
+            *plan.work_kernels,
+        )
         constant = [*work, "+experiment=constant_bs", f"batch.global_batch_size={batch}"]
         tested = [*work, "+experiment=adaptive_bs", f"batch.global_batch_size={batch}", *NEVER_GROWS]
         paths = (out / "norm_test_profile_baseline.json", out / "norm_test_profile_tested.json")
@@ -109,16 +132,28 @@ def norm_test(suite: Suite) -> Table:
         for label, overrides, path in (("baseline", constant, paths[0]), ("norm test", tested, paths[1])):
             path.unlink(missing_ok=True)
             extra = profile_overrides(path, args.warmup) if profiled else []
-            runs.append(suite.run(f"norm test: {label}, compile {compile_mode}{', profiled' if profiled else ''}",
-                                  [*overrides, *extra], args.steps, args.warmup))  # fmt: skip
+            runs.append(
+                suite.run(
+                    f"norm test: {label}, compile {compile_mode}{', profiled' if profiled else ''}",
+                    [*overrides, *extra],
+                    args.steps,
+                    args.warmup,
+                )
+            )
         profiles = (read_profile(paths[0]), read_profile(paths[1])) if profiled else (None, None)
         layout = f"micro {micro} of {batch}, compile {compile_mode}" + (", profiled" if profiled else "")
         rows.append(norm_row(layout, runs[0], runs[1], profiles))
         if all(profiles):
             written.append(profile_difference(*profiles))
     error = squared_norm_error(plan.model, plan.device)
-    rows.append({"layout": f"squared norms of {plan.model}-shaped gradients against float64 ({plan.device})",
-                 "result": f"relative error {error:.1e}"})  # fmt: skip
+    rows.append(
+        {
+            "layout": f"squared norms of {plan.model}-shaped gradients against float64 ({plan.device})",
+            "result": f"relative error {error:.1e}",
+        }
+    )
     if written:
-        (out / "norm_test_profile.md").write_text("# Norm test: where its time goes (eager, profiled)\n\n" + written[0] + "\n")
+        (out / "norm_test_profile.md").write_text(
+            "# Norm test: where its time goes (eager, profiled)\n\n" + written[0] + "\n"
+        )
     return Table("norm_test", NORM_COLUMNS, rows)

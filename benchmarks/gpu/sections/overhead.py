@@ -18,13 +18,21 @@ OVERHEAD_COLUMNS = [
 def overhead(suite: Suite) -> Table:
     """The same model, kernels, data and batch through train.py's pieces and a plain loop."""
     plan, args = suite.plan, suite.args
-    overrides = suite.overrides(plan.model, f"batch.global_batch_size={plan.global_batch}",
-                                f"batch.micro_batch_size={plan.work_micro_batch}", f"layout.compile={plan.work_compile}",
-                                "layout.activation_checkpointing=none", *plan.work_kernels)  # fmt: skip
+    overrides = suite.overrides(
+        plan.model,
+        f"batch.global_batch_size={plan.global_batch}",
+        f"batch.micro_batch_size={plan.work_micro_batch}",
+        f"layout.compile={plan.work_compile}",
+        "layout.activation_checkpointing=none",
+        *plan.work_kernels,
+    )
     framework = suite.run("framework loop", overrides, args.steps, args.warmup)
     plain = suite.run("plain PyTorch loop", overrides, args.steps, args.warmup, loop="plain")
-    row = {"model": plan.model, "plain_tokens_per_sec": plain.tokens_per_sec,
-           "framework_tokens_per_sec": framework.tokens_per_sec}  # fmt: skip
+    row = {
+        "model": plan.model,
+        "plain_tokens_per_sec": plain.tokens_per_sec,
+        "framework_tokens_per_sec": framework.tokens_per_sec,
+    }
     if framework.tokens_per_sec is None or plain.tokens_per_sec is None:
         row["result"] = framework.status if not framework.ok else plain.status
     else:
