@@ -3,6 +3,8 @@
 torchft DiLoCo runs each replica group as a job of its own; to one job the other groups'
 ranks count as data-parallel ranks it never talks to: the global batch and the data stream
 are split over all of them (``lightning_modules/global_batch.py``, ``data/sampler.py``).
+Within a job, the ranks a model replica is split over (tensor parallelism) read the same
+data: ``model_parallel`` consecutive ranks are one data-parallel rank.
 """
 
 from dataclasses import dataclass
@@ -15,10 +17,16 @@ class DataGroups:
 
     count: int = 1
     index: int = 0
+    #: Consecutive ranks of this job that hold one model replica together (and read the same data).
+    model_parallel: int = 1
 
     def data_parallel_size(self, world_size: int) -> int:
         """Ranks the global batch and the data stream are split over, in every group."""
-        return world_size * self.count
+        return self.job_data_parallel_size(world_size) * self.count
+
+    def job_data_parallel_size(self, world_size: int) -> int:
+        """This job's data-parallel ranks."""
+        return world_size // self.model_parallel
 
     def data_parallel_rank(self, global_rank: int, world_size: int) -> int:
-        return self.index * world_size + global_rank
+        return self.index * self.job_data_parallel_size(world_size) + global_rank // self.model_parallel

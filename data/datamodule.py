@@ -204,11 +204,12 @@ class TextDataModule(L.LightningDataModule):
         self._check_row_counts()
 
     def prepare(self, world_size: int) -> None:
-        """Tokenize unless cached, then check the rows suffice for ``world_size`` ranks: what
-        ``prepare_data`` and ``setup`` do, callable before the Trainer (and any logger) exists."""
+        """Tokenize unless cached, then check the rows suffice for the data-parallel ranks of
+        ``world_size`` processes: what ``prepare_data`` and ``setup`` do, callable before the
+        Trainer (and any logger) exists."""
         self.prepare_data()
         self.setup()
-        self._check_row_counts(world_size)
+        self._check_row_counts(self.data_groups.job_data_parallel_size(world_size))
 
     def train_dataloader(self) -> DataLoader:
         """Endless micro-batches for this rank, from the current (possibly restored) position.

@@ -107,12 +107,13 @@ def close_loggers(loggers: list[Logger]) -> None:
 
 
 def build_strategy(settings: RunSettings) -> Strategy | str:
-    """The configured strategy; FSDP2's data-parallel size defaults to every process."""
+    """The configured strategy; FSDP2's data-parallel size defaults to every process the
+    tensor-parallel groups leave."""
     spec = settings.strategy.spec
     if "_target_" not in spec:
         return spec["name"]
     if "data_parallel_size" in spec and spec["data_parallel_size"] is None:
-        return instantiate(spec, data_parallel_size=settings.run.world_size)
+        return instantiate(spec, data_parallel_size=settings.run.world_size // settings.run.tensor_parallel_size)
     return instantiate(spec)
 
 

@@ -63,6 +63,8 @@ class LayoutSettings(Section):
     - ``float8``: ``none``; ``tensorwise`` or ``rowwise`` trains the blocks' linear layers in
       float8 through torchao (``float8.py``; H100/H200/L40S/L4, ``pip install -e ".[float8]"``).
     - ``float8_emulate``: run float8's casts with float32 matmuls (any device; tests).
+    - ``sequence_parallel``: with ``strategy.tensor_parallel_size`` > 1, split the norms and
+      the residual stream along the sequence too (``tensor_parallel.py``); no effect otherwise.
     """
 
     key = "layout"
@@ -79,6 +81,7 @@ class LayoutSettings(Section):
     fused_adamw: bool
     float8: str
     float8_emulate: bool
+    sequence_parallel: bool
 
     def __post_init__(self) -> None:
         for name, choices in (
@@ -112,6 +115,7 @@ class LayoutSettings(Section):
                 " block 0 would be checkpointed; choose at most the number of blocks."
             )
         self._check_float8(run)
+        self._check_tensor_parallel(run)
 
     def check_services(self, run: RunContext) -> None:
         self._check_float8_available()
@@ -164,6 +168,35 @@ class LayoutSettings(Section):
             raise ConfigError(
                 f"layout.float8={recipe}: float8 matmuls need the blocks' linear dimensions to be multiples of"
                 f" {FLOAT8_DIM_MULTIPLE}, but {listed}; choose such a model or set layout.float8=none."
+            )
+
+    def _check_tensor_parallel(self, run: RunContext) -> None:
+        size = run.tensor_parallel_size
+        if size == 1:
+            return
+        unsupported = {
+            "layout.loss": (self.loss, "plain"),
+            "layout.float8": (self.float8, "none"),
+            "layout.liger_kernels": (self.liger_kernels, False),
+        }
+        for key, (value, needed) in unsupported.items():
+            if value != needed:
+                raise ConfigError(
+                    f"{key}={str(value).lower()} does not compose with strategy.tensor_parallel_size={size}"
+                    f" (its kernels take whole matrices); set {key}={str(needed).lower()}."
+                )
+        if self.compile != "none":
+            # Measured on 2 CPU processes (torch 2.13): compiled blocks under tensor parallelism took
+            # gradients 24% (in norm) off one process's within 10 steps; until that is understood:
+            raise ConfigError(
+                f"layout.compile={self.compile} does not compose with strategy.tensor_parallel_size={size} yet (its"
+                " gradients differed from one process's on CPU); set layout.compile=none."
+            )
+        if self.sequence_parallel and run.seq_len % size:
+            raise ConfigError(
+                f"data.seq_len={run.seq_len} is not divisible by strategy.tensor_parallel_size={size}: sequence"
+                f" parallelism splits each row into {size} equal parts; choose a multiple of {size}, or set"
+                " layout.sequence_parallel=false."
             )
 
     def _check_float8_available(self) -> None:

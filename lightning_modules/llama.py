@@ -211,8 +211,6 @@ class Attention(nn.Module):
 
     def __init__(self, config: LlamaSettings) -> None:
         super().__init__()
-        self.n_heads = config.n_heads
-        self.n_kv_heads = config.n_kv_heads
         self.head_dim = config.head_dim
         kv_dim = config.n_kv_heads * config.head_dim
         self.q_proj = nn.Linear(config.d_model, config.d_model, bias=False)
@@ -223,9 +221,10 @@ class Attention(nn.Module):
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         """``x``: [b, T, d_model]; ``cos``/``sin``: [b or 1, 1, T, head_dim]."""
         b, t, _ = x.shape
-        q = self.q_proj(x).view(b, t, self.n_heads, self.head_dim).transpose(1, 2)
-        k = self.k_proj(x).view(b, t, self.n_kv_heads, self.head_dim).transpose(1, 2)
-        v = self.v_proj(x).view(b, t, self.n_kv_heads, self.head_dim).transpose(1, 2)
+        # -1: this rank's heads (all of them, or 1/T of them under tensor parallelism)
+        q = self.q_proj(x).view(b, t, -1, self.head_dim).transpose(1, 2)
+        k = self.k_proj(x).view(b, t, -1, self.head_dim).transpose(1, 2)
+        v = self.v_proj(x).view(b, t, -1, self.head_dim).transpose(1, 2)
         q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
         y = causal_attention(q, k, v)
         return self.o_proj(y.transpose(1, 2).reshape(b, t, -1))
@@ -404,8 +403,9 @@ class Llama(nn.Module):
         for layer in self.layers:
             h = layer(h, cos, sin)
         h = self.norm(h)
-        if labels is None:
-            return self.output(h)
+        if labels is None or self.loss_kernel is None:  # None: tensor parallelism (its plan gathers the logits)
+            logits = self.output(h)
+            return logits if labels is None else F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten())
         return self.loss_kernel(h.flatten(0, 1), self.output.weight, labels.flatten())
 
     @staticmethod

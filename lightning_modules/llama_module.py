@@ -38,6 +38,7 @@ from lightning_modules.parallelism import (
     attention_backend,
     clip_grad_norm,
     data_parallel_mesh,
+    tensor_parallel_mesh,
     set_gradient_sync,
 )
 from lightning_modules.training_state import WEIGHTS_NOTE, TrainingState
@@ -140,8 +141,16 @@ class LlamaLightningModule(L.LightningModule):
         with torch.device("meta"):
             model = Llama(self.model_config)
         dynamic = any(callback.varies_sequence_length for callback in self.step_callbacks)
-        mesh = self._shard_mesh()
-        apply_layout(model, self.layout, mesh=mesh, dynamic_seq_len=dynamic)
+        mesh, split = self._shard_mesh(), tensor_parallel_mesh(self.device_mesh)
+        if split is not None and self.global_rank == 0:
+            sequence = "with" if self.layout.sequence_parallel else "without"
+            log.info(
+                "layout: %d data-parallel x %d tensor-parallel ranks, %s sequence parallelism",
+                self.device_mesh["data_parallel"].size(),
+                split.size(),
+                sequence,
+            )
+        apply_layout(model, self.layout, mesh, dynamic, split)
         self._float8_scales_per_step = float8_all_gather(self.layout.float8, sharded=mesh is not None)
         seed = seed_from_global_rng()
         if self._trainer is not None and isinstance(self.trainer.strategy, FSDPStrategy):
@@ -271,7 +280,7 @@ class LlamaLightningModule(L.LightningModule):
         # Every rank (of every data group) trains the same shapes: global tokens = local tokens x ranks.
         ranks = self.data_groups.data_parallel_size(self.trainer.world_size)
         state.clock.advance(state.global_batch.sequences_per_optimizer_step, self._step_tokens * ranks)
-        state.trained_tokens += self._step_tokens * self.trainer.world_size  # this job's ranks alone
+        state.trained_tokens += self._step_tokens * self.data_groups.job_data_parallel_size(self.trainer.world_size)
         state.micro_batch_index = 0
         state.local_step_loss = self._step_loss / state.global_batch.accumulation
         state.step_loss = self.trainer.strategy.reduce(

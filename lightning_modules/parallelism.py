@@ -13,12 +13,14 @@ import torch
 import torch.fx.experimental._config as fx_config
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
 
 from lightning_modules.float8 import convert_to_float8
 from lightning_modules.layout_settings import LayoutSettings
+from lightning_modules.tensor_parallel import apply_tensor_parallel
 
 log = logging.getLogger(__name__)
 
@@ -104,14 +106,19 @@ def liger_modules_compile(config: LayoutSettings, dynamic_seq_len: bool) -> bool
 
 
 def apply_layout(
-    model: nn.Module, config: LayoutSettings, mesh: DeviceMesh | None = None, dynamic_seq_len: bool = False
+    model: nn.Module,
+    config: LayoutSettings,
+    mesh: DeviceMesh | None = None,
+    dynamic_seq_len: bool = False,
+    tensor_parallel_mesh: DeviceMesh | None = None,
 ) -> None:
-    """Apply the configured layout; ``mesh`` is the data-parallel mesh when sharding.
+    """Apply the configured layout; ``mesh`` is the data-parallel mesh when sharding, and
+    ``tensor_parallel_mesh`` the group the blocks are split over (``tensor_parallel.py``).
 
-    Order, as torchtitan: kernels swapped in and float8 linear layers converted, then
-    checkpointing wraps blocks, compile compiles them (or, for the whole model, after
-    sharding), FSDP2 shards each block and then the root. Works on a meta-device model
-    (nothing is allocated).
+    Order, as torchtitan: kernels swapped in and float8 linear layers converted, tensor
+    parallelism, then checkpointing wraps blocks, compile compiles them (or, for the whole
+    model, after sharding), FSDP2 shards each block and then the root. Works on a
+    meta-device model (nothing is allocated).
     """
     from lightning_modules.liger_kernels import apply_liger_kernels
 
@@ -126,6 +133,8 @@ def apply_layout(
     apply_loss_kernel(model, config.loss)
     if config.float8 != "none":
         convert_to_float8(model, config.float8, config.float8_emulate, sharded=mesh is not None)
+    if tensor_parallel_mesh is not None:
+        apply_tensor_parallel(model, tensor_parallel_mesh, config.sequence_parallel)
     apply_activation_checkpointing(model, config.activation_checkpointing, config.checkpoint_every)
     if config.compile == "blocks":
         apply_compile(model, "blocks", dynamic_seq_len, config.compile_mode)
@@ -140,8 +149,16 @@ def data_parallel_mesh(device_mesh: DeviceMesh | None) -> DeviceMesh | None:
     if device_mesh is None:
         return None
     if device_mesh.mesh_dim_names and "tensor_parallel" in device_mesh.mesh_dim_names:
-        return device_mesh["data_parallel"]  # its tensor-parallel size is 1 (strategy.tensor_parallel_size)
+        return device_mesh["data_parallel"]
     return device_mesh
+
+
+def tensor_parallel_mesh(device_mesh: DeviceMesh | None) -> DeviceMesh | None:
+    """The tensor-parallel part of ModelParallelStrategy's mesh (None: no tensor parallelism)."""
+    if device_mesh is None or "tensor_parallel" not in (device_mesh.mesh_dim_names or ()):
+        return None
+    mesh = device_mesh["tensor_parallel"]
+    return mesh if mesh.size() > 1 else None
 
 
 def set_gradient_sync(wrapped: nn.Module, enabled: bool) -> None:
@@ -160,11 +177,32 @@ def clip_grad_norm(model: nn.Module, max_norm: float) -> torch.Tensor:
 
     The norm is over all parameters on all ranks: FSDP2 parameters are DTensors whose
     norm torch reduces across shards; FSDP1 keeps flat local shards, so its own method
-    must do the reduction.
+    must do the reduction. Under tensor parallelism the parameters live on two meshes (the
+    norms' gains on the data-parallel one, the split matrices on both dimensions), which
+    torch's clipping cannot stack: each one's squares are summed over the ranks it is split
+    over (``sharded_sums.py``).
     """
     from torch.distributed.fsdp import FullyShardedDataParallel
 
     if isinstance(model, FullyShardedDataParallel):
         return model.clip_grad_norm_(max_norm)
+    grads = [param.grad for param in model.parameters() if param.grad is not None]
+    if len({grad.device_mesh for grad in grads if isinstance(grad, DTensor)}) > 1:
+        return _clip_over_meshes(grads, max_norm)
     norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
     return norm.full_tensor() if hasattr(norm, "full_tensor") else norm
+
+
+def _clip_over_meshes(grads: list[torch.Tensor], max_norm: float) -> torch.Tensor:
+    from lightning_modules.sharded_sums import local, shard_groups, sum_over_shards
+
+    partials: dict = {}
+    for grad in grads:  # the same parameters, in the same order, on every rank
+        groups = shard_groups(grad, ())
+        squares = local(grad).detach().float().square().sum()
+        partials[groups] = partials[groups] + squares if groups in partials else squares
+    norm = sum_over_shards(partials).sqrt()
+    scale = torch.clamp(max_norm / (norm + 1e-6), max=1.0)
+    for grad in grads:
+        local(grad).mul_(scale.to(grad.dtype))
+    return norm

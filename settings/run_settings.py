@@ -125,6 +125,7 @@ def assemble(*, processes: int | None, **sections) -> RunSettings:
         max_steps=trainer.max_steps,
         seq_len=sections["data"].seq_len,
         save_distributed_checkpoint=sections["strategy"].save_distributed_checkpoint,
+        tensor_parallel_size=sections["strategy"].tensor_parallel_size,
         shared_settings=sections["shared_settings"],
     )
     replicas = max([technique.sequential_replicas(run) for technique in techniques.values()], default=1)
@@ -132,7 +133,10 @@ def assemble(*, processes: int | None, **sections) -> RunSettings:
     groups = max(
         [technique.data_groups() for technique in techniques.values()], key=lambda g: g.count, default=DataGroups()
     )
-    ranks = groups.data_parallel_size(run.world_size) if run.world_size else None
+    groups = dataclasses.replace(groups, model_parallel=run.tensor_parallel_size)
+    # (a process count the tensor-parallel size does not divide is refused by the strategy's check)
+    whole = run.world_size and run.world_size % run.tensor_parallel_size == 0
+    ranks = groups.data_parallel_size(run.world_size) if whole else None
     micro = micro_batch_size_for(batch, ranks, replicas, accumulation) if ranks else None
     run = dataclasses.replace(run, sequential_replicas=replicas, data_groups=groups, micro_batch_size=micro)
     settings = RunSettings(**sections, run=run)

@@ -35,6 +35,10 @@ class StrategySettings(Section):
     def save_distributed_checkpoint(self) -> bool:
         return bool(self.spec.get("save_distributed_checkpoint", False))
 
+    @property
+    def tensor_parallel_size(self) -> int:
+        return self.spec.get("tensor_parallel_size", 1)
+
     def check(self, run: RunContext) -> None:
         if self.name == "fsdp" and run.accelerator == "cpu":
             raise ConfigError("strategy=fsdp (FSDP1) needs GPUs; on CPU use strategy=fsdp2.")
@@ -43,5 +47,32 @@ class StrategySettings(Section):
                 f"trainer.devices x trainer.num_nodes = {run.world_size} processes need a distributed strategy:"
                 " add strategy=ddp or strategy=fsdp2."
             )
-        if self.spec.get("tensor_parallel_size", 1) != 1:
-            raise ConfigError("tensor parallelism is not supported: set strategy.tensor_parallel_size=1.")
+        self._check_tensor_parallel(run)
+
+    def _check_tensor_parallel(self, run: RunContext) -> None:
+        size = self.tensor_parallel_size
+        if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+            raise ConfigError(
+                f"strategy.tensor_parallel_size={size!r} must be an integer >= 1 (1: no tensor parallelism)."
+            )
+        if size == 1:
+            return
+        if self.name != "fsdp2":
+            raise ConfigError(f"strategy.tensor_parallel_size={size} needs strategy=fsdp2 (ModelParallelStrategy).")
+        if run.world_size is not None and run.world_size % size:
+            raise ConfigError(
+                f"strategy.tensor_parallel_size={size} does not divide the {run.world_size} processes"
+                " (trainer.devices x trainer.num_nodes): choose a divisor, or change the process count."
+            )
+        model = run.model
+        for name, heads in (("n_heads", model.n_heads), ("n_kv_heads", model.n_kv_heads)):
+            if heads % size:
+                raise ConfigError(
+                    f"strategy.tensor_parallel_size={size} does not divide model.{name}={heads}: each rank holds"
+                    f" {name} / {size} heads; choose a divisor of {heads}."
+                )
+        if model.tie_embeddings:
+            raise ConfigError(
+                f"strategy.tensor_parallel_size={size} does not compose with model.tie_embeddings=true (the embedding"
+                " is split by rows, the output head by columns); set model.tie_embeddings=false or the size to 1."
+            )

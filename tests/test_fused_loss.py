@@ -280,6 +280,7 @@ def test_liger_module_kernels_stay_out_of_graphs_compiled_with_dynamic_shapes(
         fused_adamw=False,
         float8="none",
         float8_emulate=False,
+        sequence_parallel=True,
     )
     with torch.device("meta"):
         model = Llama(CONFIG)

@@ -38,6 +38,7 @@ CONFIG_ERROR_RAISERS = {
     "lightning_modules/memory_plan.py": "the layout section's memory plan: what does not fit",
     "lightning_modules/optimizers/settings.py": "section: optimizer",
     "lightning_modules/optimizers/muon.py": "section: optimizer=muon",
+    "callbacks/technique.py": "the techniques' shared refusal of tensor parallelism",
     "callbacks/batch_size/adaptive_settings.py": "section: technique.adaptive_batch",
     "callbacks/batch_size/schedules.py": "section: the batch schedules",
     "callbacks/batch_size/seesaw.py": "section: technique.seesaw",

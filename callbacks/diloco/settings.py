@@ -11,7 +11,7 @@ from urllib.parse import urlparse
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from callbacks.diloco.exchange import COMPRESSIONS
-from callbacks.technique import TechniqueSettings
+from callbacks.technique import TechniqueSettings, refuse_tensor_parallel
 from settings.run_context import RunContext
 from settings.typed import class_named
 from common.data_groups import DataGroups
@@ -178,6 +178,9 @@ class DiLoCoSettings(TechniqueSettings):
     def check(self, run: RunContext) -> None:
         import torch
 
+        refuse_tensor_parallel(
+            self.key, run, "its pseudo-gradients and outer step are not yet tested on tensor-parallel shards"
+        )
         self.make_outer_optimizer([torch.zeros(1)])  # the class and its arguments
         if self.fragments > run.n_layers:
             raise ConfigError(

@@ -15,7 +15,7 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
-from callbacks.technique import TechniqueSettings
+from callbacks.technique import TechniqueSettings, refuse_tensor_parallel
 from settings.run_context import RunContext
 from common.errors import ConfigError
 
@@ -89,6 +89,7 @@ class SeqLenWarmupSettings(TechniqueSettings):
 
     def check(self, run: RunContext) -> None:
         """No length may exceed the packed length: rows cannot grow."""
+        refuse_tensor_parallel(self.key, run, "its varying lengths are not yet tested against sequence-parallel shards")
         if self.schedule_type == "fixed_discrete":
             longest, name = max(self.difficulty), "difficulty"
         else:

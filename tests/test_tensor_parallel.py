@@ -1,0 +1,194 @@
+"""Tensor parallelism (and sequence parallelism) on 2 and 4 CPU processes takes one process's
+steps: the per-step loss and the global gradient norm within 1e-5 relative, the same rows."""
+
+import csv
+from pathlib import Path
+
+import pytest
+import torch
+
+from benchmarks.row_log import rows_by_step
+from common.errors import ConfigError
+from lightning_modules.hf_interop import load_lightning_checkpoint
+from settings.from_config import read_settings
+from tests.run_helpers import REPO, TINY, compose_config, run_train, train_in_process
+
+# Ten AdamW steps of the tiny model at a global batch of 8, logged every step; 4 heads and
+# 2 key-value heads split over 2 ranks, rows of 32 tokens split into 2 sequence shards.
+STEPS = [
+    "trainer.max_steps=10",
+    "logger=csv",
+    "callbacks.validation_schedule.every_n_steps=100",
+    "trainer.log_every_n_steps=1",
+]
+SHARDED = ["strategy=fsdp2", "trainer.accelerator=cpu", "strategy.save_distributed_checkpoint=false"]
+
+
+def row_log(run_dir: Path) -> list[str]:
+    """Each rank writes the content hashes of the rows it trains on (``benchmarks/row_log.py``)."""
+    return ["+callbacks.row_log._target_=benchmarks.row_log.RowLog", f"+callbacks.row_log.path={run_dir / 'rows'}"]
+
+
+def logged(run_dir: Path) -> dict[int, tuple[float, float, float]]:
+    """(train/loss, train/grad_norm, train/sequences_seen) by step."""
+    with open(run_dir / "csv" / "metrics.csv") as file:
+        rows = [row for row in csv.DictReader(file) if row.get("train/loss")]
+    return {
+        int(row["step"]): (float(row["train/loss"]), float(row["train/grad_norm"]), float(row["train/sequences_seen"]))
+        for row in rows
+    }
+
+
+@pytest.fixture(scope="module")
+def one_process(tmp_path_factory):
+    """The one-process run of a set of overrides (run once per set): its steps and rows."""
+    runs: dict[tuple[str, ...], tuple[dict, dict]] = {}
+
+    def run(extra: tuple[str, ...]) -> tuple[dict[int, tuple[float, float, float]], dict[int, list[str]]]:
+        if extra not in runs:
+            run_dir = tmp_path_factory.mktemp("one")
+            result = run_train(
+                TINY + STEPS + list(extra) + row_log(run_dir), run_dir, tmp_path_factory.getbasetemp() / "cache"
+            )
+            assert result.returncode == 0, result.stderr[-3000:]
+            runs[extra] = logged(run_dir), rows_by_step(run_dir / "rows")
+        return runs[extra]
+
+    return run
+
+
+# Muon (Newton-Schulz on the split matrices, which DTensor gathers) and a batch schedule
+# (the global batch over the data-parallel ranks only) once each under T = 2.
+MUON = ("optimizer=muon",)
+CHECKPOINTING = ("layout.activation_checkpointing=full",)
+BATCH_WARMUP = ("+experiment=bs_warmup", "optimizer=adamw")
+
+
+@pytest.mark.parametrize(
+    ("layout", "extra", "line"),
+    [
+        (
+            ["trainer.devices=2", "strategy.tensor_parallel_size=2", "layout.sequence_parallel=false"],
+            (),
+            "1 data-parallel x 2 tensor-parallel ranks, without",
+        ),
+        (
+            ["trainer.devices=2", "strategy.tensor_parallel_size=2"],
+            (),
+            "1 data-parallel x 2 tensor-parallel ranks, with sequence",
+        ),
+        (
+            ["trainer.devices=4", "strategy.tensor_parallel_size=2"],
+            (),
+            "2 data-parallel x 2 tensor-parallel ranks, with sequence",
+        ),
+        (["trainer.devices=2", "strategy.tensor_parallel_size=2"], MUON, "1 data-parallel x 2 tensor-parallel ranks"),
+        (
+            ["trainer.devices=2", "strategy.tensor_parallel_size=2"],
+            CHECKPOINTING,
+            "1 data-parallel x 2 tensor-parallel ranks",
+        ),
+        (
+            ["trainer.devices=2", "strategy.tensor_parallel_size=2"],
+            BATCH_WARMUP,
+            "1 data-parallel x 2 tensor-parallel ranks",
+        ),
+    ],
+    ids=["T2", "T2_sequence_parallel", "D2xT2", "T2_muon", "T2_checkpointing", "T2_batch_warmup"],
+)
+def test_a_tensor_parallel_run_takes_one_process_s_steps(layout, extra, line, one_process, tmp_path, tmp_path_factory):
+    run_dir = tmp_path / "run"
+    overrides = TINY + STEPS + list(extra) + SHARDED + layout + row_log(run_dir)
+    result = run_train(overrides, run_dir, tmp_path_factory.getbasetemp() / "cache", timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert f"layout: {line}" in result.stdout + result.stderr
+    reference_steps, reference_rows = one_process(extra)
+    # The two ranks of a tensor-parallel group read the same rows; the groups, one process's.
+    ranks = sorted((run_dir / "rows").glob("rank*.txt"))
+    assert [ranks[i].read_text() for i in range(0, len(ranks), 2)] == [
+        ranks[i].read_text() for i in range(1, len(ranks), 2)
+    ]
+    for rank in ranks[1::2]:
+        rank.unlink()
+    assert rows_by_step(run_dir / "rows") == reference_rows
+    steps = logged(run_dir)
+    assert steps.keys() == reference_steps.keys() and len(steps) == 10
+    for step, (loss, grad_norm, sequences) in steps.items():
+        reference = reference_steps[step]
+        assert loss == pytest.approx(reference[0], rel=1e-5), step
+        assert grad_norm == pytest.approx(reference[1], rel=1e-5), step
+        assert sequences == reference[2]
+
+
+TP2 = ["strategy=fsdp2", "trainer.accelerator=cpu", "trainer.devices=2", "strategy.tensor_parallel_size=2"]
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (
+            ["strategy=fsdp2", "trainer.accelerator=cpu", "trainer.devices=3", "strategy.tensor_parallel_size=2"],
+            "strategy.tensor_parallel_size=2 does not divide the 3 processes",
+        ),
+        (
+            ["strategy=fsdp2", "trainer.accelerator=cpu", "trainer.devices=4", "strategy.tensor_parallel_size=4"],
+            "strategy.tensor_parallel_size=4 does not divide model.n_kv_heads=2",
+        ),
+        (
+            ["strategy=ddp", "trainer.accelerator=cpu", "trainer.devices=2", "+strategy.tensor_parallel_size=2"],
+            "strategy.tensor_parallel_size=2 needs strategy=fsdp2",
+        ),
+        (TP2 + ["data.seq_len=33"], "data.seq_len=33 is not divisible by strategy.tensor_parallel_size=2"),
+        (TP2 + ["layout.loss=chunked"], "layout.loss=chunked does not compose with strategy.tensor_parallel_size=2"),
+        (
+            TP2 + ["layout.compile=blocks"],
+            "layout.compile=blocks does not compose with strategy.tensor_parallel_size=2",
+        ),
+        (TP2 + ["model.tie_embeddings=true"], "does not compose with model.tie_embeddings=true"),
+        (TP2 + ["+technique=diloco"], "technique.diloco does not compose with strategy.tensor_parallel_size=2"),
+    ],
+    ids=["processes", "kv_heads", "ddp", "seq_len", "loss", "compile", "tied", "diloco"],
+)
+def test_a_layout_that_cannot_split_is_refused_in_one_line(overrides, message, tmp_path):
+    code, stderr = train_in_process(TINY + overrides, tmp_path / "run", tmp_path / "cache")
+    lines = stderr.strip().splitlines()
+    assert code == 2 and lines[-1].startswith("error: ") and message in lines[-1], stderr[-2000:]
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("experiment", sorted(path.stem for path in (REPO / "conf" / "experiment").glob("*.yaml")))
+def test_every_experiment_composes_with_two_tensor_parallel_ranks_or_refuses_in_one_line(experiment, tmp_path):
+    try:
+        read_settings(compose_config([f"+experiment={experiment}", *TP2], tmp_path))
+    except ConfigError as error:
+        assert "\n" not in str(error) and "tensor_parallel_size=2" in str(error), str(error)
+
+
+@pytest.mark.parametrize(
+    ("first", "then"),
+    [(["strategy.tensor_parallel_size=2"], []), ([], ["strategy.tensor_parallel_size=2"])],
+    ids=["T2_to_D2", "D2_to_T2"],
+)
+def test_a_sharded_checkpoint_resumes_on_another_layout(first, then, tmp_path, tmp_path_factory):
+    """Saved at step 3 of 6 with one layout, resumed with the other: the uninterrupted run's
+    weights (reduction-order noise), and the checkpoint loads whole (as export_hf reads it)."""
+    cache = tmp_path_factory.getbasetemp() / "cache"
+    common = TINY + [
+        "trainer.max_steps=6",
+        "logger=none",
+        "callbacks.validation_schedule.every_n_steps=100",
+        "callbacks.model_checkpoint.every_n_train_steps=3",
+        "strategy=fsdp2",
+        "trainer.accelerator=cpu",
+        "trainer.devices=2",
+    ]
+    full = run_train(common + first, tmp_path / "full", cache)
+    assert full.returncode == 0, full.stderr[-3000:]
+    checkpoint = tmp_path / "full" / "checkpoints" / "step000003.ckpt"
+    resumed = run_train(common + then + [f"ckpt_path={checkpoint}"], tmp_path / "resumed", cache)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    _, expected = load_lightning_checkpoint(tmp_path / "full" / "checkpoints" / "last.ckpt")
+    _, weights = load_lightning_checkpoint(tmp_path / "resumed" / "checkpoints" / "last.ckpt")
+    assert weights.keys() == expected.keys()
+    for name, value in expected.items():
+        torch.testing.assert_close(weights[name], value, rtol=1e-5, atol=1e-6, msg=name)
