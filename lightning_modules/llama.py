@@ -211,6 +211,8 @@ class Attention(nn.Module):
 
     def __init__(self, config: LlamaSettings) -> None:
         super().__init__()
+        self.n_heads = config.n_heads  # of the whole layer (a tensor-parallel rank holds n_heads / T)
+        self.n_kv_heads = config.n_kv_heads
         self.head_dim = config.head_dim
         kv_dim = config.n_kv_heads * config.head_dim
         self.q_proj = nn.Linear(config.d_model, config.d_model, bias=False)

@@ -2,6 +2,8 @@
 steps: the per-step loss and the global gradient norm within 1e-5 relative, the same rows."""
 
 import csv
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -10,6 +12,7 @@ import torch
 from benchmarks.row_log import rows_by_step
 from common.errors import ConfigError
 from lightning_modules.hf_interop import load_lightning_checkpoint
+from lightning_modules.llama import Llama
 from settings.from_config import read_settings
 from tests.run_helpers import REPO, TINY, compose_config, run_train, train_in_process
 
@@ -57,11 +60,10 @@ def one_process(tmp_path_factory):
     return run
 
 
-# Muon (Newton-Schulz on the split matrices, which DTensor gathers) and a batch schedule
-# (the global batch over the data-parallel ranks only) once each under T = 2.
+# Muon (Newton-Schulz on the split matrices, which DTensor gathers) and activation
+# checkpointing once each under T = 2.
 MUON = ("optimizer=muon",)
 CHECKPOINTING = ("layout.activation_checkpointing=full",)
-BATCH_WARMUP = ("+experiment=bs_warmup", "optimizer=adamw")
 
 
 @pytest.mark.parametrize(
@@ -88,13 +90,8 @@ BATCH_WARMUP = ("+experiment=bs_warmup", "optimizer=adamw")
             CHECKPOINTING,
             "1 data-parallel x 2 tensor-parallel ranks",
         ),
-        (
-            ["trainer.devices=2", "strategy.tensor_parallel_size=2"],
-            BATCH_WARMUP,
-            "1 data-parallel x 2 tensor-parallel ranks",
-        ),
     ],
-    ids=["T2", "T2_sequence_parallel", "D2xT2", "T2_muon", "T2_checkpointing", "T2_batch_warmup"],
+    ids=["T2", "T2_sequence_parallel", "D2xT2", "T2_muon", "T2_checkpointing"],
 )
 def test_a_tensor_parallel_run_takes_one_process_s_steps(layout, extra, line, one_process, tmp_path, tmp_path_factory):
     run_dir = tmp_path / "run"
@@ -192,3 +189,28 @@ def test_a_sharded_checkpoint_resumes_on_another_layout(first, then, tmp_path, t
     assert weights.keys() == expected.keys()
     for name, value in expected.items():
         torch.testing.assert_close(weights[name], value, rtol=1e-5, atol=1e-6, msg=name)
+
+
+def test_a_tensor_parallel_checkpoint_exports_to_hugging_face(tmp_path, tmp_path_factory):
+    """A T = 2 sharded checkpoint through scripts/export_hf.py: transformers' logits on the export
+    are the framework's on the checkpoint's whole weights."""
+    transformers = pytest.importorskip("transformers")
+    run_dir, export_dir = tmp_path / "run", tmp_path / "hf"
+    overrides = TINY + ["logger=none", "trainer.max_steps=2", *TP2]
+    result = run_train(overrides, run_dir, tmp_path_factory.getbasetemp() / "cache")
+    assert result.returncode == 0, result.stderr[-3000:]
+    checkpoint = run_dir / "checkpoints" / "last.ckpt"
+    assert checkpoint.is_dir()  # each rank wrote its shards
+    export = subprocess.run(
+        [sys.executable, str(REPO / "scripts" / "export_hf.py"), str(checkpoint), str(export_dir)],
+        capture_output=True,
+        text=True,
+    )
+    assert export.returncode == 0, export.stderr[-2000:]
+    config, state_dict = load_lightning_checkpoint(checkpoint)
+    trained = Llama(config).eval()
+    trained.load_state_dict(state_dict)
+    hf = transformers.LlamaForCausalLM.from_pretrained(export_dir, attn_implementation="eager").eval()
+    tokens = torch.randint(0, config.vocab_size, (2, 16))
+    with torch.no_grad():
+        assert (hf(input_ids=tokens).logits - trained(tokens)).abs().max() < 1e-4
