@@ -155,6 +155,27 @@ def train_in_process(arguments: list[str], run_dir: Path, cache: Path) -> tuple[
     return 0, errors.getvalue()
 
 
+def export_matches_checkpoint(checkpoint: Path, export_dir: Path) -> tuple[LlamaSettings, dict[str, torch.Tensor]]:
+    """Run scripts/export_hf.py on ``checkpoint``; transformers' logits on the export must be the
+    framework's on the checkpoint's whole weights (1e-4). Returns those config and weights."""
+    import transformers
+
+    from lightning_modules.hf_interop import load_lightning_checkpoint
+    from lightning_modules.llama import Llama
+
+    export = [sys.executable, str(REPO / "scripts" / "export_hf.py"), str(checkpoint), str(export_dir)]
+    result = subprocess.run(export, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr[-2000:]
+    config, state_dict = load_lightning_checkpoint(checkpoint)
+    trained = Llama(config).eval()
+    trained.load_state_dict(state_dict)
+    hf = transformers.LlamaForCausalLM.from_pretrained(export_dir, attn_implementation="eager").eval()
+    tokens = torch.randint(0, config.vocab_size, (2, 16))
+    with torch.no_grad():
+        assert (hf(input_ids=tokens).logits - trained(tokens)).abs().max() < 1e-4
+    return config, state_dict
+
+
 def train_losses(run_dir: Path) -> dict[int, float]:
     """train/loss by optimizer step, from a run's CSV log (``logger=csv``)."""
     with open(run_dir / "csv" / "metrics.csv") as file:

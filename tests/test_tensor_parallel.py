@@ -2,8 +2,6 @@
 steps: the per-step loss and the global gradient norm within 1e-5 relative, the same rows."""
 
 import csv
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -12,9 +10,8 @@ import torch
 from benchmarks.row_log import rows_by_step
 from common.errors import ConfigError
 from lightning_modules.hf_interop import load_lightning_checkpoint
-from lightning_modules.llama import Llama
 from settings.from_config import read_settings
-from tests.run_helpers import REPO, TINY, compose_config, run_train, train_in_process
+from tests.run_helpers import REPO, TINY, compose_config, export_matches_checkpoint, run_train, train_in_process
 
 # Ten AdamW steps of the tiny model at a global batch of 8, logged every step; 4 heads and
 # 2 key-value heads split over 2 ranks, rows of 32 tokens split into 2 sequence shards.
@@ -194,23 +191,11 @@ def test_a_sharded_checkpoint_resumes_on_another_layout(first, then, tmp_path, t
 def test_a_tensor_parallel_checkpoint_exports_to_hugging_face(tmp_path, tmp_path_factory):
     """A T = 2 sharded checkpoint through scripts/export_hf.py: transformers' logits on the export
     are the framework's on the checkpoint's whole weights."""
-    transformers = pytest.importorskip("transformers")
-    run_dir, export_dir = tmp_path / "run", tmp_path / "hf"
+    pytest.importorskip("transformers")
+    run_dir = tmp_path / "run"
     overrides = TINY + ["logger=none", "trainer.max_steps=2", *TP2]
     result = run_train(overrides, run_dir, tmp_path_factory.getbasetemp() / "cache")
     assert result.returncode == 0, result.stderr[-3000:]
     checkpoint = run_dir / "checkpoints" / "last.ckpt"
     assert checkpoint.is_dir()  # each rank wrote its shards
-    export = subprocess.run(
-        [sys.executable, str(REPO / "scripts" / "export_hf.py"), str(checkpoint), str(export_dir)],
-        capture_output=True,
-        text=True,
-    )
-    assert export.returncode == 0, export.stderr[-2000:]
-    config, state_dict = load_lightning_checkpoint(checkpoint)
-    trained = Llama(config).eval()
-    trained.load_state_dict(state_dict)
-    hf = transformers.LlamaForCausalLM.from_pretrained(export_dir, attn_implementation="eager").eval()
-    tokens = torch.randint(0, config.vocab_size, (2, 16))
-    with torch.no_grad():
-        assert (hf(input_ids=tokens).logits - trained(tokens)).abs().max() < 1e-4
+    export_matches_checkpoint(checkpoint, tmp_path / "hf")

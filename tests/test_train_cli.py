@@ -1,8 +1,6 @@
 """train.py as a user runs it: bad configs fail fast and clearly; W&B works offline."""
 
 import csv
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -12,9 +10,7 @@ from launch.builders import build_module
 from settings.from_config import wandb_identity, wandb_tags
 from common.errors import ConfigError
 from settings.from_config import read_settings
-from lightning_modules.hf_interop import load_lightning_checkpoint
-from lightning_modules.llama import Llama
-from tests.run_helpers import REPO, TINY, compose_config, run_train
+from tests.run_helpers import REPO, TINY, compose_config, export_matches_checkpoint, run_train
 
 
 @pytest.mark.parametrize(
@@ -80,21 +76,11 @@ def test_end_to_end_run_writes_an_offline_wandb_run_and_consistent_mfu(tmp_path)
 
 def test_trained_checkpoint_exports_to_hf_and_seeds_a_new_run(tmp_path):
     """train -> scripts/export_hf.py -> transformers loads it with our logits -> init_from_hf."""
-    transformers = pytest.importorskip("transformers")
+    pytest.importorskip("transformers")
     run_dir, export_dir = tmp_path / "run", tmp_path / "hf"
     result = run_train(TINY + ["logger=none", "trainer.max_steps=2"], run_dir, tmp_path / "cache")
     assert result.returncode == 0, result.stderr[-3000:]
-    checkpoint = run_dir / "checkpoints" / "last.ckpt"
-    export = [sys.executable, str(REPO / "scripts/export_hf.py"), str(checkpoint), str(export_dir)]
-    assert subprocess.run(export, capture_output=True, text=True).returncode == 0
-
-    config, state_dict = load_lightning_checkpoint(checkpoint)
-    trained = Llama(config).eval()
-    trained.load_state_dict(state_dict)
-    hf = transformers.LlamaForCausalLM.from_pretrained(export_dir, attn_implementation="eager").eval()
-    tokens = torch.randint(0, config.vocab_size, (2, 16))
-    with torch.no_grad():
-        assert (hf(input_ids=tokens).logits - trained(tokens)).abs().max() < 1e-4
+    _, state_dict = export_matches_checkpoint(run_dir / "checkpoints" / "last.ckpt", export_dir)
 
     cfg = compose_config(TINY + [f"init_from_hf={export_dir}"], tmp_path / "seeded")
     module = build_module(read_settings(cfg, processes=1), vocab_size=257)
