@@ -63,7 +63,7 @@ def activation_bytes_per_token(
     block = 6 * d + 2 * k + 5 * h
     kept = {"none": block, "mlp": 6 * d + 2 * k, "full": d}[checkpointing]
     recomputed = 0 if checkpointing == "none" else block
-    checkpointed = -(-model.n_layers // checkpoint_every)  # blocks 0, n, 2n, ...
+    checkpointed = -(-model.n_layers // checkpoint_every)  # blocks 0, n, 2n and so on: ceil(n_layers / n)
     blocks = checkpointed * kept + (model.n_layers - checkpointed) * block
     head = 10 * model.vocab_size if loss == "plain" else 4 * d
     return compute_bytes * (blocks + recomputed) + head

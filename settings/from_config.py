@@ -43,6 +43,7 @@ WANDB_JOB_TYPE_LENGTH = 64  # W&B refuses longer job types
 def read_settings(cfg: DictConfig, processes: int | None = None) -> RunSettings:
     """The run's settings from its composed config, checked; ``processes`` overrides the count
     the config states (``trainer.devices`` x ``trainer.num_nodes``)."""
+    resolved = _hyperparameters(cfg)
     return assemble(
         processes=processes,
         job=_job(cfg),
@@ -59,14 +60,14 @@ def read_settings(cfg: DictConfig, processes: int | None = None) -> RunSettings:
             specs=plain(cfg.get("logger")) or {},
             identity=wandb_identity(cfg),
             tags=wandb_tags(cfg),
-            hyperparameters=_hyperparameters(cfg),
+            hyperparameters=resolved,
         ),
         callbacks=CallbackSettings(
             specs=plain(cfg.get("callbacks")) or {},
             evaluation=_instantiable(cfg, "evaluation"),
             samples=_instantiable(cfg, "samples"),
         ),
-        shared_settings=shared_settings(cfg),
+        shared_settings=shared_settings(cfg, resolved),
     )
 
 
@@ -187,12 +188,13 @@ MORE_PER_JOB = "technique.diloco.torchft.per_group_keys"
 DATA_LOCATIONS = (".source.paths", ".source.val_paths", "data.tokenizer.path")
 
 
-def shared_settings(cfg: DictConfig) -> tuple[tuple[str, str], ...]:
+def shared_settings(cfg: DictConfig, resolved: dict[str, Any] | None = None) -> tuple[tuple[str, str], ...]:
     """Every leaf of ``cfg`` but the per-job ones, as (dotted key, value's repr), sorted; a
-    value that cannot be resolved here (a Hydra runtime path outside a run) as written."""
+    value that cannot be resolved here (a Hydra runtime path outside a run) as written.
+    ``resolved``: ``cfg`` as plain values already (``_hyperparameters``)."""
     per_job = (*PER_JOB, *(OmegaConf.select(cfg, MORE_PER_JOB, default=None) or ()))
     leaves: dict[str, str] = {}
-    _flatten(cfg, "", leaves, per_job)
+    _flatten(resolved if resolved is not None else _hyperparameters(cfg), "", leaves, per_job)
     return tuple(sorted(leaves.items()))
 
 
@@ -202,19 +204,13 @@ def _per_job(key: str, per_job: tuple[str, ...]) -> bool:
 
 
 def _flatten(node: Any, prefix: str, leaves: dict[str, str], per_job: tuple[str, ...]) -> None:
-    if isinstance(node, DictConfig):
-        for key in node.keys():
+    if isinstance(node, dict):
+        for key, child in node.items():
             path = f"{prefix}{key}"
-            if _per_job(path, per_job):
-                continue
-            try:
-                child = node[key]
-            except Exception:  # an interpolation only Hydra's runtime resolves
-                child = OmegaConf.to_container(node, resolve=False)[key]
-            _flatten(child, f"{path}.", leaves, per_job)
+            if not _per_job(path, per_job):
+                _flatten(child, f"{path}.", leaves, per_job)
         return
-    value = OmegaConf.to_container(node, resolve=True) if OmegaConf.is_config(node) else node
-    leaves[prefix.rstrip(".")] = repr(value)
+    leaves[prefix.rstrip(".")] = repr(node)
 
 
 # ---------------------------------------------------------------- W&B identity
