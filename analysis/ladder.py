@@ -25,8 +25,8 @@ is the envelope of the fit interval and the refits, widened on each side by that
 largest size's runs are read: ``scripts/ladder.py predict`` refuses a size that is also in
 the fit, and never loads a run of the size it predicts. A ladder that holds its largest size
 out of the search (``study.held_out``) writes it from the study sweeper itself, once every
-other size is judged and before the held-out size trains; that size's searched settings are
-``held_out_settings``: each fitted as a N^b over the other sizes' winners.
+other size is judged and before the held-out size trains; that size's searched settings come
+from laws in N fitted to the other sizes' winners (``study/setting_laws.py``), recorded with it.
 """
 
 from dataclasses import dataclass, field, replace
@@ -37,7 +37,6 @@ import yaml
 
 from analysis.runs import METRICS, Run, load_run
 from analysis.scaling_laws import PowerLaw, fit_power_law, fit_power_law_offset, parameter_count
-from study.search_space import Point, Range, SearchSpace, format_value
 from common.errors import ConfigError, UserError
 
 #: Fewest sizes a fit over N takes (the offset form has three coefficients).
@@ -154,6 +153,8 @@ class Prediction:
     fitted_on: list[str]
     #: The settings the held-out size runs with where the study extrapolated them.
     settings: list[str] = field(default_factory=list)
+    #: Each of those settings' law over the searched sizes (``study/setting_laws.py``).
+    laws: list[dict] = field(default_factory=list)
     #: The prediction interval: the fit interval, the other forms and leave-one-size-out
     #: refits, and the held-out size's seed noise (None in a prediction recorded before it existed).
     interval_low: float | None = None
@@ -170,6 +171,7 @@ class Prediction:
             "form": self.form,
             "fitted_on": self.fitted_on,
             "settings": self.settings,
+            "laws": self.laws,
             "interval_low": self.interval_low,
             "interval_high": self.interval_high,
         }
@@ -259,6 +261,7 @@ def write_prediction(
     fit_sizes: list[str] | None = None,
     settings: dict[str, list[str]] | None = None,
     seeds: int | None = None,
+    laws: dict[str, list[dict]] | None = None,
 ) -> list[Prediction]:
     """Predict every method's loss at ``target`` from the runs of ``fit_sizes`` (default: every
     other size the folders hold) and write it to ``dirs[0]/ladder_prediction.yaml``. Only the
@@ -273,33 +276,12 @@ def write_prediction(
         ]
     )
     predictions = predict(found, fit_sizes, target, n_params, seeds)  # refuses a fitted target, or too few sizes
-    predictions = [replace(p, settings=(settings or {}).get(p.method, [])) for p in predictions]
+    predictions = [
+        replace(p, settings=(settings or {}).get(p.method, []), laws=(laws or {}).get(p.method, []))
+        for p in predictions
+    ]
     (dirs[0] / PREDICTION).write_text(yaml.safe_dump([p.as_dict() for p in predictions], sort_keys=False))
     return predictions
-
-
-def held_out_settings(space: SearchSpace, winners: list[tuple[int, Point]], n_params: int) -> list[str]:
-    """A held-out size's searched settings: each range's winning values over the searched
-    sizes (their parameter counts and points) fitted as a N^b and evaluated at ``n_params``,
-    to 3 significant digits, within the range's hard limits."""
-    sizes = np.array([n for n, _ in winners], dtype=float)
-    if len(set(sizes)) < MIN_SIZES:
-        raise ConfigError(
-            f"study.held_out: {len(set(sizes))} searched size(s); extrapolating a setting needs at least {MIN_SIZES}."
-        )
-    settings = []
-    for axis, dimension in enumerate(space.dimensions):
-        assert isinstance(dimension, Range)  # StudySpec refuses a held-out size with a list searched
-        values = np.array([dimension.value(point[axis]) for _, point in winners], dtype=float)
-        value = float(fit_power_law({"N": sizes}, values).predict(np.array([float(n_params)]))[0])
-        low, high = (
-            (-np.inf if dimension.min is None else dimension.min),
-            (np.inf if dimension.max is None else dimension.max),
-        )
-        value = min(max(value, low), high)
-        value = int(round(value)) if dimension.integer else float(f"{value:.3g}")
-        settings.append(f"{dimension.key}={format_value(value)}")
-    return settings
 
 
 def joint_fit(found: list[Rung]) -> PowerLaw | None:

@@ -21,30 +21,39 @@ from analysis.runs import Run  # noqa: E402
 from study.search_record import JOURNAL, SearchRecord, fingerprint, open_storage, search_name, written_by_another  # noqa: E402
 from study.search_space import Choice, Range, describe  # noqa: E402
 from study.preset import StudySpec  # noqa: E402
-from study.tuner import Tuning, tuning_from_seeds  # noqa: E402
+from study.tuner import Tuning, anchored_on, tuning_from_seeds  # noqa: E402
+from analysis.scaling_laws import parameter_count  # noqa: E402
 from common.overrides import override_key  # noqa: E402
 
 
 def tunings(spec: StudySpec, runs: list[Run], select: str = "val/loss") -> dict[tuple[str, str], Tuning]:
     """Each search as its finished tuning runs show it, by (arm, the values the study was
-    crossed with, e.g. ``model=ladder_0_1m``; empty when it was not)."""
+    crossed with, e.g. ``model=ladder_0_1m``; empty when it was not). A ladder's search that
+    anchors on the next smaller size gets that size's winner, as the plan gave it."""
     by_search: dict[tuple[str, tuple[str, ...]], dict[tuple[int, ...], dict[int, float]]] = {}
+    sizes: dict[tuple[str, ...], int] = {}
     for run in runs:
         if run.arm not in spec.spaces or run.phase != "tune" or not run.finished or run.seed is None:
             continue
         space = spec.spaces[run.arm]
         point, value = space.point_of(run.overrides), run.final(select)
         if point is not None and value is not None:
-            search = by_search.setdefault((run.arm, crossed_with(run, spec)), {})
+            crossing = crossed_with(run, spec)
+            search = by_search.setdefault((run.arm, crossing), {})
             search.setdefault(point, {})[run.seed] = value
+            if spec.searches[run.arm].previous_size_anchor and crossing not in sizes:
+                sizes[crossing] = parameter_count(run.setting("model"))
     labels = distinct_crossings([crossing for _, crossing in by_search])
     records = _records(spec, runs, [(arm, crossing) for arm, crossing in by_search])
-    return {
-        (arm, labels[crossing]): tuning_from_seeds(
-            spec.searches[arm], spec.tuning_seeds, by_point, records.get((arm, crossing))
+    found: dict[tuple[str, tuple[str, ...]], Tuning] = {}
+    for arm, crossing in sorted(by_search, key=lambda search: sizes.get(search[1], 0)):
+        smaller = [c for a, c in found if a == arm and sizes.get(c, 0) < sizes.get(crossing, 0)]
+        previous = found[(arm, max(smaller, key=sizes.get))] if smaller else None
+        search = anchored_on(spec.searches[arm], previous if previous is not None and previous.over else None)
+        found[(arm, crossing)] = tuning_from_seeds(
+            search, spec.tuning_seeds, by_search[(arm, crossing)], records.get((arm, crossing))
         )
-        for (arm, crossing), by_point in by_search.items()
-    }
+    return {(arm, labels[crossing]): found[(arm, crossing)] for arm, crossing in by_search}
 
 
 def _records(spec: StudySpec, runs: list[Run], searches: list[tuple[str, tuple[str, ...]]]) -> dict:

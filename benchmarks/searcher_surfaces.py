@@ -13,9 +13,9 @@ picks by its true loss:
 - ``lr x batch``: the best LR grows linearly with the batch (the linear scaling rule) and the
   loss prefers small batches at a fixed token budget: a diagonal valley.
 
-The DiLoCo surfaces use the ``m2`` arm's search of ``conf/sweep/diloco_tuned.yaml`` (its
-space, budget, round size and anchors); the LR x batch surface a two-setting space of its own
-with ``LR_BATCH_BUDGET`` points.
+The DiLoCo surfaces use a DiLoCo arm's search of a study preset (by default the ``m2`` arm of
+``conf/sweep/diloco_tuned.yaml``: its space, budget, round size, finalists and anchors); the
+LR x batch surface a two-setting space of its own with ``LR_BATCH_BUDGET`` points.
 """
 
 import math
@@ -30,7 +30,8 @@ from study.tuner import Search, Tuning
 from settings.from_config import config_file
 
 REPO = Path(__file__).resolve().parents[1]
-PRESET = REPO / "conf" / "sweep" / "diloco_tuned.yaml"
+#: The study whose DiLoCo search the surfaces use unless told another (``--preset``, ``--arm``).
+PRESET_NAME = "diloco_tuned"
 #: The seed spread of a final val/loss (nats), the noise each evaluation gets.
 NOISE = 0.01
 #: Within this much of the grid optimum's loss (nats), a searcher has found it.
@@ -64,14 +65,18 @@ def _product(spans: list[range]):
             yield (index, *rest)
 
 
-def diloco_search() -> Search:
-    """The ``m2`` arm's search as the DiLoCo study declares it."""
-    node = config_file(PRESET)["study"]
-    return StudySpec.from_config(node).searches["m2"]
+def diloco_search(preset: str = PRESET_NAME, arm: str = "m2") -> Search:
+    """A DiLoCo arm's search as a study preset (``conf/sweep/NAME.yaml``) declares it."""
+    node = config_file(REPO / "conf" / "sweep" / f"{preset}.yaml")["study"]
+    return StudySpec.from_config(node).searches[arm]
+
+
+#: The outer optimizer of a search that does not search it (the ladder fixes it there).
+NO_MOMENTUM = "momentum=0,nesterov=false"
 
 
 def _outer(labels: dict[str, str]) -> tuple[float, float, bool]:
-    optimizer = dict(part.split("=") for part in labels["technique.diloco.outer_optimizer"].split(","))
+    optimizer = dict(part.split("=") for part in labels.get("technique.diloco.outer_optimizer", NO_MOMENTUM).split(","))
     return float(labels["technique.diloco.outer_lr"]), float(optimizer["momentum"]), optimizer["nesterov"] == "true"
 
 
@@ -157,8 +162,8 @@ def lr_batch_search(searcher: str) -> Search:
     )
 
 
-def surfaces(searcher: str, seed: int) -> list[Surface]:
-    diloco = replace(diloco_search(), searcher=searcher, seed=seed)
+def surfaces(searcher: str, seed: int, preset: str = PRESET_NAME, arm: str = "m2") -> list[Surface]:
+    diloco = replace(diloco_search(preset, arm), searcher=searcher, seed=seed)
     return [
         Surface("bowl (measured)", diloco, bowl(MEASURED)),
         Surface("outer ridge (measured)", diloco, outer_ridge(MEASURED)),

@@ -29,7 +29,15 @@ import statistics
 from dataclasses import replace
 from pathlib import Path
 
-from benchmarks.searcher_surfaces import NOISE, TOLERANCE, Surface, finished_at, run_search, surfaces
+from benchmarks.searcher_surfaces import (
+    NOISE,
+    PRESET_NAME,
+    TOLERANCE,
+    Surface,
+    finished_at,
+    run_search,
+    surfaces,
+)
 
 SEARCHERS = ("gp", "tpe", "random", "coordinate")
 #: Points past the declared budget a search may run, to count the runs it needed beyond it.
@@ -44,6 +52,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--surfaces", help="comma-separated surface names to run (default: all)")
     parser.add_argument("--anchor-optimum", action="store_true", help="add each surface's grid optimum to the anchors")
+    parser.add_argument(
+        "--preset", default=PRESET_NAME, help="the study preset whose DiLoCo search the DiLoCo surfaces use"
+    )
+    parser.add_argument("--arm", default="m2", help="that preset's DiLoCo arm")
+    parser.add_argument("--budget", type=int, help="points per search instead of the preset's budget")
     parser.add_argument("--out", type=Path, help="also write the table (markdown) here")
     return parser.parse_args(argv)
 
@@ -56,15 +69,20 @@ def with_optimum_anchor(surface: Surface) -> Surface:
     return replace(surface, search=replace(surface.search, anchors=(*surface.search.anchors, surface.optimum_point())))
 
 
-def measure(searcher: str, seeds: int, names: list[str] | None = None, anchor_optimum: bool = False) -> dict[str, dict]:
+def measure(
+    searcher: str, seeds: int, names: list[str] | None = None, args: argparse.Namespace | None = None
+) -> dict[str, dict]:
     """Per surface: the declared budget and, per seed, the runs to reach, the regrets and the
     regret checks."""
+    args = args or parse_args([])
     rows: dict[str, dict] = {}
     for seed in range(seeds):
-        for surface in surfaces(searcher, seed):
+        for surface in surfaces(searcher, seed, args.preset, args.arm):
             if names and surface.name not in names:
                 continue
-            surface = with_optimum_anchor(surface) if anchor_optimum else surface
+            surface = with_optimum_anchor(surface) if args.anchor_optimum else surface
+            if args.budget is not None and searcher != "coordinate":
+                surface = replace(surface, search=replace(surface.search, budget=args.budget))
             budget = surface.search.budget
             extended = replace(
                 surface, search=replace(surface.search, budget=None if searcher == "coordinate" else budget + EXTRA)
@@ -134,9 +152,7 @@ def table(found: dict[str, dict[str, dict]], anchor_optimum: bool = False) -> st
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     names = args.surfaces.split(",") if args.surfaces else None
-    found = {
-        searcher: measure(searcher, args.seeds, names, args.anchor_optimum) for searcher in args.searchers.split(",")
-    }
+    found = {searcher: measure(searcher, args.seeds, names, args) for searcher in args.searchers.split(",")}
     text = f"Noise {NOISE} nats per run, tolerance {TOLERANCE} nats, {args.seeds} searcher seeds.\n\n{table(found, args.anchor_optimum)}\n"
     print(text)
     if args.out:

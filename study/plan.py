@@ -22,14 +22,18 @@ The phases, each starting once the one before has nothing left:
 import math
 from collections import defaultdict
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from study.claim_tests import Spread
 from study.looks import judge_in_looks
 from study.search_record import SearchRecord, search_name
 from study.search_space import Point
 from study.preset import StudySpec
-from study.tuner import Tuning, tuning_from_seeds
+from study.tuner import Tuning, anchored_on, tuning_from_seeds
 from common.overrides import not_set_by
+
+if TYPE_CHECKING:
+    from study.setting_laws import SettingLaw
 
 TUNE, JUDGE = "tune", "judge"
 
@@ -65,17 +69,32 @@ class StudyPlan:
     def select(self) -> str:
         return self.spec.claims[0].select if self.spec.claims else "val/loss"
 
+    #: Each held-out arm's setting laws, once its settings were fitted (``study/setting_laws.py``).
+    held_out_laws: dict[str, list["SettingLaw"]] = field(default_factory=dict)
+
     @property
     def searches(self) -> list[tuple[int, str]]:
-        return [(base, arm) for base, (_, arms) in enumerate(self.bases) if base != self.held_out for arm in arms]
+        """Every (base job, arm) searched, the smaller sizes first in a ladder."""
+        bases = [base for base in range(len(self.bases)) if base != self.held_out]
+        if self.sizes is not None:
+            bases.sort(key=lambda base: self.sizes[base])
+        return [(base, arm) for base in bases for arm in self.bases[base][1]]
+
+    def previous_size(self, base: int, arm: str) -> tuple[int, str] | None:
+        """The same arm's search at the next smaller size, where the arm anchors on it."""
+        if not self.spec.searches[arm].previous_size_anchor or self.sizes is None:
+            return None
+        smaller = [b for b, a in self.searches if a == arm and self.sizes[b] < self.sizes[base]]
+        return (max(smaller, key=lambda b: self.sizes[b]), arm) if smaller else None
 
     def record(self, job: TunedJob, metrics: dict[str, float]) -> None:
         self.finished[job] = dict(metrics)
 
-    def tuning(self, base: int, arm: str) -> Tuning:
+    def tuning(self, base: int, arm: str, previous: Tuning | None = None) -> Tuning:
         """The search so far: each point whose every tuning seed finished, at its mean, and the
-        finalists' and anchors' runs on the finalist seeds."""
-        search = self.spec.searches[arm]
+        finalists' and anchors' runs on the finalist seeds; ``previous``: the same arm's search,
+        over, at the next smaller size (its winner joins the anchors)."""
+        search = anchored_on(self.spec.searches[arm], previous)
         by_point: dict[Point, dict[int, float]] = defaultdict(dict)
         for job, metrics in self.finished.items():
             if job.phase == TUNE and (job.base, job.arm) == (base, arm):
@@ -88,7 +107,7 @@ class StudyPlan:
 
     def next_round(self) -> list[TunedJob]:
         """The jobs to run next (those not finished yet); empty when the study is done."""
-        tunings = {search: self.tuning(*search) for search in self.searches}
+        tunings = self.tunings()
         for phase in (
             self._tune_round,
             self._judge_round,
@@ -97,6 +116,17 @@ class StudyPlan:
             if waiting := [job for job in phase(tunings) if job not in self.finished]:
                 return waiting
         return []
+
+    def tunings(self) -> dict[tuple[int, str], Tuning]:
+        """Every search that can run: one that anchors on the next smaller size's winner waits
+        (and is left out) until that search is over."""
+        found: dict[tuple[int, str], Tuning] = {}
+        for search in self.searches:
+            previous = self.previous_size(*search)
+            if previous is not None and (previous not in found or not found[previous].over):
+                continue
+            found[search] = self.tuning(*search, found.get(previous))
+        return found
 
     def _tune_round(self, tunings: dict[tuple[int, str], Tuning]) -> list[TunedJob]:
         """The searchers' points on the tuning seeds, then the finalists and anchors on the finalist seeds."""
@@ -157,12 +187,15 @@ class StudyPlan:
         the searched sizes' winners."""
         if self.held_out is None:
             return []
-        from analysis.ladder import HELD_OUT, held_out_settings  # numpy and a fit: only for a ladder
+        from analysis.ladder import HELD_OUT  # numpy and a fit: only for a ladder
+        from study.setting_laws import setting_laws
 
         jobs = []
         for arm in self.bases[self.held_out][1]:
             winners = [(self.sizes[base], tunings[(base, name)].winner) for base, name in self.searches if name == arm]
-            settings = tuple(held_out_settings(self.spec.spaces[arm], winners, self.sizes[self.held_out]))
+            laws = setting_laws(self.spec.spaces[arm], winners, self.sizes[self.held_out])
+            self.held_out_laws[arm] = laws
+            settings = tuple(o for law in laws for o in law.overrides)
             jobs += [TunedJob(self.held_out, arm, None, seed, HELD_OUT, settings) for seed in self.spec.seeds]
         return jobs
 

@@ -38,7 +38,9 @@ and ``tuning_seeds``: each arm is searched on the tuning seeds (``study/tuner.py
 ``searcher`` (``gp``, the default; ``tpe``, ``random``, ``coordinate``) within its ``budget``
 of points (study-wide or per arm), ``round_size`` points a round, the searcher seeded with
 ``search_seed``; an arm may name ``anchors``, points every search runs in its first round as
-controls. Then each tuned arm's winner runs on ``seeds``, the judging seeds, which must not
+controls; in a ladder, ``previous_size_anchor: true`` adds the same arm's winner at the next
+smaller size to each size's anchors (that size's search then waits for the smaller one's).
+Then each tuned arm's winner runs on ``seeds``, the judging seeds, which must not
 repeat a tuning seed; ``seeds: {first: [2, 3, 4], max: 8}`` adds seeds in rounds while a claim
 is unresolved (``study/plan.py``), its tests' levels spent over the looks. Claims are judged on the judging runs only, so the
 seeds that picked a winner never judge it.
@@ -46,7 +48,8 @@ seeds that picked a winner never judge it.
 A tuned study crossed with model sizes (a ladder) may hold one size out of the search
 (``held_out: ladder_2_1m``, a value of the swept ``model``): its searched settings are not
 searched but follow a power law in the parameter count, fitted to the other sizes' winners
-(Charles et al. 2025's way to set a large model's hyperparameters from small runs), and it
+(Charles et al. 2025's way to set a large model's hyperparameters from small runs; a list
+follows most sizes' winner, ``study/setting_laws.py``), and it
 runs on the judging seeds after every other size has been judged
 (``++study.phase=held_out``), so a prediction of its loss can be written first.
 
@@ -61,7 +64,7 @@ from typing import Any
 
 from study.claim_tests import BETTER, CONDITIONS, RETIRED, Condition
 from analysis.runs import parse_reduction
-from study.search_space import Dimension, Range, SearchSpace, parse_anchors, parse_search
+from study.search_space import Dimension, SearchSpace, parse_anchors, parse_search
 from study.sequential import DEFAULT_SPENDING, SPENDING
 from study.tuner import DEFAULT_ROUND_SIZE, DEFAULT_SEARCHER, SEARCHERS, Search
 from common.errors import ConfigError
@@ -240,7 +243,7 @@ class StudySpec:
 
 
 #: Settings of an arm's search, given for the whole study or per arm (the arm's wins).
-SEARCH_SETTINGS = ("searcher", "budget", "round_size", "search_seed", "finalists")
+SEARCH_SETTINGS = ("searcher", "budget", "round_size", "search_seed", "finalists", "previous_size_anchor")
 
 
 def _search(
@@ -275,7 +278,23 @@ def _search(
             f" give at least {len(anchors) + 1}."
         )
     count, finalist_seeds = _finalists(settings["finalists"], where["finalists"])
-    return Search(space, searcher, budget, round_size or DEFAULT_ROUND_SIZE, seed or 0, anchors, count, finalist_seeds)
+    previous = settings["previous_size_anchor"]
+    if previous is not None and not isinstance(previous, bool):
+        raise ConfigError(
+            f"{where['previous_size_anchor']}={previous!r} must be true or false: whether each size's search"
+            " anchors on the same arm's winner at the next smaller size."
+        )
+    return Search(
+        space,
+        searcher,
+        budget,
+        round_size or DEFAULT_ROUND_SIZE,
+        seed or 0,
+        anchors,
+        count,
+        finalist_seeds,
+        bool(previous),
+    )
 
 
 def _finalists(node: Any, key: str) -> tuple[int, tuple[int, ...]]:
@@ -335,8 +354,8 @@ def _judging_seeds(node: Any) -> tuple[list[int], int | None, str, tuple[int, ..
 
 
 def _held_out(name: Any, spaces: dict[str, SearchSpace]) -> str | None:
-    """The held-out size: a model preset's name, in a study whose every searched dimension is a
-    numeric range (a list of choices has no power law to follow)."""
+    """The held-out size: a model preset's name, in a study with a search (its settings follow
+    laws fitted to the searched sizes' winners, ``study/setting_laws.py``)."""
     if name is None:
         return None
     if not isinstance(name, str) or not name:
@@ -344,11 +363,6 @@ def _held_out(name: Any, spaces: dict[str, SearchSpace]) -> str | None:
     if not spaces:
         raise ConfigError(
             "study.held_out needs a search (study.search): the held-out size's settings are fitted to the others' winners."
-        )
-    listed = sorted({d.key for space in spaces.values() for d in space.dimensions if not isinstance(d, Range)})
-    if listed:
-        raise ConfigError(
-            f"study.held_out: {', '.join(listed)} is searched over a list, which has no power law in N to extrapolate; search a range or drop held_out."
         )
     return name
 

@@ -69,16 +69,18 @@ def search_name(arm: str, base: list[str]) -> str:
 
 
 def fingerprint(search: "Search") -> str:
-    """What a search's record must have been written with to be continued (the budget may grow)."""
-    return json.dumps(
-        {
-            "space": repr(search.space),
-            "searcher": search.searcher,
-            "seed": search.seed,
-            "round_size": search.round_size,
-            "anchors": [list(a) for a in search.anchors],
-        }
-    )
+    """What a search's record must have been written with to be continued (the budget may
+    grow): its preset's settings, so a ladder's previous-size anchor is named, not its point."""
+    settings = {
+        "space": repr(search.space),
+        "searcher": search.searcher,
+        "seed": search.seed,
+        "round_size": search.round_size,
+        "anchors": [list(a) for a in search.anchors],
+    }
+    if search.previous_size_anchor:
+        settings["previous_size_anchor"] = True
+    return json.dumps(settings)
 
 
 def written_by_another(storage: Any, name: str, print_: str) -> str | None:

@@ -70,7 +70,13 @@ def run_tuned_study(
     budgeted = spec.tokens_per_parameter is not None and any(
         "token_budget" not in {override_key(o) for o in base} for base, _ in bases
     )
-    sizes = [parameters(configs, base) for base, _ in bases] if budgeted or spec.held_out else None
+    anchored = [arm for arm, search in spec.searches.items() if search.previous_size_anchor]
+    if anchored and len({override_value(base, "model") for base, _ in bases}) < 2:
+        raise ConfigError(
+            f"study.previous_size_anchor (arm {anchored[0]}) anchors each size on the next smaller one's winner,"
+            " but this study runs one model: cross it with sizes (model=a,b,...) or drop previous_size_anchor."
+        )
+    sizes = [parameters(configs, base) for base, _ in bases] if budgeted or spec.held_out or anchored else None
     held_out = held_out_base(spec, [base for base, _ in bases])
     study = StudyPlan(
         spec,
@@ -162,6 +168,7 @@ def predict_held_out(study: StudyPlan, sweep_dir: Path, jobs: list[TunedJob]) ->
             study.sizes[study.held_out],
             settings=settings,
             seeds=len(study.spec.seeds),
+            laws={arm: [law.as_dict() for law in laws] for arm, laws in study.held_out_laws.items()},
         )
     for p in predictions:
         log.info(
@@ -177,6 +184,9 @@ def predict_held_out(study: StudyPlan, sweep_dir: Path, jobs: list[TunedJob]) ->
             ", ".join(p.fitted_on),
             " ".join(p.settings),
         )
+    for arm, laws in study.held_out_laws.items():
+        for law in laws:
+            log.info("held-out %s: %s", arm, law.describe())
 
 
 def check_arms(spec: StudySpec, configs: JobConfigs) -> None:

@@ -25,7 +25,7 @@ the tuning seeds) and its seed, and the same rules judge it:
 """
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 
 from study.claim_tests import Estimate, Spread, paired
@@ -58,7 +58,9 @@ __all__ = ["ALL_TRIED", "AT_LIMIT", "BRACKETED", "NOT_BRACKETED", "Search", "Tun
 class Search:
     """How one arm is searched: its space, searcher, budget (points, each run on every
     tuning seed; None only for the coordinate rule, which stops when bracketed), round size,
-    the searcher's seed and the anchors every search runs in its first round."""
+    the searcher's seed and the anchors every search runs in its first round (in a ladder
+    with ``previous_size_anchor``, also the winner of the same arm at the next smaller size,
+    added by the plan once that search is over)."""
 
     space: SearchSpace
     searcher: str = DEFAULT_SEARCHER
@@ -69,6 +71,7 @@ class Search:
     #: How many of the best points (by the surrogate's mean) run again on ``finalist_seeds``.
     finalists: int = 0
     finalist_seeds: tuple[int, ...] = ()
+    previous_size_anchor: bool = False
 
 
 #: The pairing unit of a point's mean over the tuning seeds (one value, every point the same seeds).
@@ -228,12 +231,16 @@ class Tuning:
         ]
 
     @property
+    def over(self) -> bool:
+        """Nothing left to run: the searcher's points and the reruns all finished."""
+        return not self.pending and not self.pending_reruns
+
+    @property
     def tuned(self) -> bool:
         """Nothing left to run, every dimension tuned, no anchor better than the winner."""
         return (
             self.winner is not None
-            and not self.pending
-            and not self.pending_reruns
+            and self.over
             and all(s in TUNED for s in self.statuses.values())
             and not self.beaten_by
         )
@@ -247,6 +254,16 @@ def rises_on_both_sides(
     line = [best, *((*best[:axis], index, *best[axis + 1 :]) for index in sides)]
     at_winner, *others = posterior_mean(space, results, line)
     return all(other > at_winner for other in others)
+
+
+def anchored_on(search: Search, previous: Tuning | None) -> Search:
+    """The search with the same arm's winner at the next smaller size among its anchors (after
+    the preset's, once), where it anchors on that size and the smaller search has a winner."""
+    if not search.previous_size_anchor or previous is None or previous.winner is None:
+        return search
+    if previous.winner in search.anchors:
+        return search
+    return replace(search, anchors=(*search.anchors, previous.winner))
 
 
 def tuning_from_seeds(

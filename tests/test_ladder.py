@@ -13,9 +13,8 @@ import yaml
 from omegaconf import OmegaConf
 from scipy import stats
 
-from analysis.ladder import Rung, fit_loss, held_out_settings, predict
+from analysis.ladder import Rung, fit_loss, predict
 from analysis.runs import find_runs
-from study.search_space import Range, SearchSpace
 from study.preset import StudySpec
 from study.trend import TrendPoint, judge_trend, slope
 from common.errors import ConfigError
@@ -211,29 +210,6 @@ def test_a_size_whose_heads_do_not_divide_its_width_is_one_line(tmp_path: Path) 
     assert result.returncode == 2
     (line,) = result.stderr.strip().splitlines()
     assert line.startswith("error: ") and "n_heads" in line
-
-
-def test_a_held_out_sizes_settings_follow_the_power_law_through_the_others_winners() -> None:
-    """Against numpy's least-squares line through log N and log value: 3 significant
-    digits, and clamped to the range's hard limit."""
-    lr = Range("optimizer.lr", low=1e-3, high=4e-3, step=2.0, min=1e-4, max=3e-2)
-    sync = Range("technique.diloco.sync_every", low=10, high=40, step=2, min=5, max=100)
-    space = SearchSpace((lr, sync))
-    winners = [(104_688, (2, 0)), (295_416, (1, 1)), (652_128, (1, 2)), (1_230_120, (0, 2))]
-    sizes = np.log([n for n, _ in winners])
-    expected = []
-    for axis, dimension in enumerate(space.dimensions):
-        slope_, intercept = np.polyfit(sizes, np.log([dimension.value(p[axis]) for _, p in winners]), 1)
-        expected.append(math.exp(intercept + slope_ * math.log(2_084_688)))
-    settings = held_out_settings(space, winners, 2_084_688)
-    assert settings == [
-        f"optimizer.lr={float(f'{expected[0]:.3g}'):g}",
-        f"technique.diloco.sync_every={round(expected[1])}",
-    ]
-    assert expected[0] < 2e-3 and expected[1] > 40  # LR falls with N, the interval grows
-    assert held_out_settings(space, winners, 10**9)[1] == "technique.diloco.sync_every=100"  # the hard limit
-    with pytest.raises(ConfigError, match="2 searched size"):
-        held_out_settings(space, winners[:2], 2_084_688)
 
 
 HELD_OUT = [

@@ -66,6 +66,7 @@ CONFIG_ERROR_RAISERS = {
     "study/search_record.py": "a recorded search",
     "study/jobs.py": "a study's arms on the command line, a sweep folder of other runs",
     "study/tuned_sweep.py": "a tuned study's preset against the composed configs and its folder",
+    "study/setting_laws.py": "a ladder's held-out size with too few searched sizes to fit",
     "analysis/critical_batch.py": "the critical-batch analysis' arguments",
     "analysis/ladder.py": "the scaling ladder's arguments",
     "scripts/critical_batch.py": "the script's arguments",
