@@ -192,7 +192,7 @@ class LayoutSettings(Section):
                 f"layout.compile={self.compile} does not compose with strategy.tensor_parallel_size={size} yet (its"
                 " gradients differed from one process's on CPU); set layout.compile=none."
             )
-        if self.sequence_parallel and run.seq_len % size:
+        if run.seq_len % run.sequence_shards:
             raise ConfigError(
                 f"data.seq_len={run.seq_len} is not divisible by strategy.tensor_parallel_size={size}: sequence"
                 f" parallelism splits each row into {size} equal parts; choose a multiple of {size}, or set"

@@ -126,6 +126,7 @@ def assemble(*, processes: int | None, **sections) -> RunSettings:
         seq_len=sections["data"].seq_len,
         save_distributed_checkpoint=sections["strategy"].save_distributed_checkpoint,
         tensor_parallel_size=sections["strategy"].tensor_parallel_size,
+        sequence_shards=sections["strategy"].tensor_parallel_size if sections["layout"].sequence_parallel else 1,
         shared_settings=sections["shared_settings"],
     )
     replicas = max([technique.sequential_replicas(run) for technique in techniques.values()], default=1)

@@ -4,7 +4,8 @@
 - M=1 with outer lr 1 and momentum 0 equals plain training;
 - M=2 fed identical data equals M=1;
 - simulated M=2 (one process) equals 2 real replicas (2 processes, gloo), also with int8 exchange;
-- 2 replicas x FSDP2 (4 processes) equal 2 unsharded replicas (2 processes);
+- 2 replicas x FSDP2 (4 processes) equal 2 unsharded replicas (2 processes), and so do 2
+  replicas of 2 tensor-parallel ranks;
 - resuming mid-round (and mid global step) continues exactly, simulated and real.
 """
 
@@ -169,6 +170,14 @@ def test_sharded_replicas_equal_unsharded_ones(tmp_path, tmp_path_factory):
         tmp_path_factory,
     )
     assert_same_weights(sharded, unsharded, atol=1e-5)
+
+
+def test_tensor_parallel_replicas_equal_simulated_ones(simulated_two_replicas, tmp_path, tmp_path_factory):
+    """2 real replicas, each a pair of tensor-parallel ranks (4 processes): the pseudo-gradients,
+    the outer step and the exchange on DTensor shards give one process's weights."""
+    split = ["trainer.devices=4", "strategy.tensor_parallel_size=2", "trainer.max_steps=4"]
+    real = train(DILOCO + REAL + split, tmp_path / "split", tmp_path_factory)
+    assert_same_weights(real, simulated_two_replicas, atol=1e-5)
 
 
 @pytest.mark.parametrize(

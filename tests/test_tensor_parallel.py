@@ -61,6 +61,12 @@ def one_process(tmp_path_factory):
 # checkpointing once each under T = 2.
 MUON = ("optimizer=muon",)
 CHECKPOINTING = ("layout.activation_checkpointing=full",)
+# Sequence-length warmup from 8 to 32 tokens over the ten steps (lengths of 8, 16, 24, 32).
+SEQ_LEN_WARMUP = (
+    "+technique=seq_len_warmup",
+    "technique.seq_len_warmup.total_curriculum_step=8",
+    "technique.seq_len_warmup.preallocate=false",
+)
 
 
 @pytest.mark.parametrize(
@@ -87,8 +93,20 @@ CHECKPOINTING = ("layout.activation_checkpointing=full",)
             CHECKPOINTING,
             "1 data-parallel x 2 tensor-parallel ranks",
         ),
+        (
+            ["trainer.devices=2", "strategy.tensor_parallel_size=2"],
+            SEQ_LEN_WARMUP,
+            "1 data-parallel x 2 tensor-parallel ranks, with sequence",
+        ),
     ],
-    ids=["T2", "T2_sequence_parallel", "D2xT2", "T2_muon", "T2_checkpointing"],
+    ids=[
+        "T2",
+        "T2_sequence_parallel",
+        "D2xT2",
+        "T2_muon",
+        "T2_checkpointing",
+        "T2_seq_len_warmup",
+    ],
 )
 def test_a_tensor_parallel_run_takes_one_process_s_steps(layout, extra, line, one_process, tmp_path, tmp_path_factory):
     run_dir = tmp_path / "run"
@@ -139,9 +157,17 @@ TP2 = ["strategy=fsdp2", "trainer.accelerator=cpu", "trainer.devices=2", "strate
             "layout.compile=blocks does not compose with strategy.tensor_parallel_size=2",
         ),
         (TP2 + ["model.tie_embeddings=true"], "does not compose with model.tie_embeddings=true"),
-        (TP2 + ["+technique=diloco"], "technique.diloco does not compose with strategy.tensor_parallel_size=2"),
+        (
+            TP2 + ["+technique=diloco", "technique.diloco.replicas=2", "strategy.save_distributed_checkpoint=false"],
+            "technique.diloco.replicas=2 must divide the 1 data-parallel ranks (2 processes /"
+            " strategy.tensor_parallel_size=2)",
+        ),
+        (
+            TP2 + ["+technique=seq_len_warmup", "technique.seq_len_warmup.difficulty_step=1"],
+            "technique.seq_len_warmup.difficulty_step=1: sequence parallelism splits each row into 2 equal parts",
+        ),
     ],
-    ids=["processes", "kv_heads", "ddp", "seq_len", "loss", "compile", "tied", "diloco"],
+    ids=["processes", "kv_heads", "ddp", "seq_len", "loss", "compile", "tied", "diloco_replicas", "seq_len_warmup"],
 )
 def test_a_layout_that_cannot_split_is_refused_in_one_line(overrides, message, tmp_path):
     code, stderr = train_in_process(TINY + overrides, tmp_path / "run", tmp_path / "cache")

@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.device_mesh import DeviceMesh
 
 from lightning_modules.sharded_sums import local
 
@@ -56,6 +56,8 @@ class Replicas:
 
 
 def replica_mesh(data_parallel: DeviceMesh, replicas: int) -> DeviceMesh:
-    """A (replica, shard) mesh over the data-parallel ranks: W / M consecutive ranks per replica."""
+    """A (replica, shard) mesh over the data-parallel ranks: W / M consecutive ranks per replica.
+    Unflattened from the data-parallel mesh (not a new one), so that its shard dimension and a
+    tensor-parallel dimension of the same root mesh can carry one parameter together."""
     shards = data_parallel.size() // replicas
-    return init_device_mesh(data_parallel.device_type, (replicas, shards), mesh_dim_names=("replica", "shard"))
+    return data_parallel._unflatten(0, (replicas, shards), ("replica", "shard"))

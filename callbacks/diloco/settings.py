@@ -11,7 +11,7 @@ from urllib.parse import urlparse
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from callbacks.diloco.exchange import COMPRESSIONS
-from callbacks.technique import TechniqueSettings, refuse_tensor_parallel
+from callbacks.technique import TechniqueSettings
 from settings.run_context import RunContext
 from settings.typed import class_named
 from common.data_groups import DataGroups
@@ -178,9 +178,6 @@ class DiLoCoSettings(TechniqueSettings):
     def check(self, run: RunContext) -> None:
         import torch
 
-        refuse_tensor_parallel(
-            self.key, run, "its pseudo-gradients and outer step are not yet tested on tensor-parallel shards"
-        )
         self.make_outer_optimizer([torch.zeros(1)])  # the class and its arguments
         if self.fragments > run.n_layers:
             raise ConfigError(
@@ -212,8 +209,13 @@ class DiLoCoSettings(TechniqueSettings):
             )
 
     def _check_real(self, run: RunContext) -> None:
-        if run.world_size % self.replicas:
-            raise ConfigError(f"{self.key}.replicas={self.replicas} must divide the {run.world_size} processes.")
+        ranks = run.world_size // run.tensor_parallel_size  # each replica holds whole tensor-parallel groups
+        if ranks % self.replicas:
+            split = f" ({run.world_size} processes / strategy.tensor_parallel_size={run.tensor_parallel_size})"
+            raise ConfigError(
+                f"{self.key}.replicas={self.replicas} must divide the {ranks} data-parallel ranks"
+                f"{split if run.tensor_parallel_size > 1 else ''}: raise trainer.devices or lower the replicas."
+            )
         if self.replicas > 1 and run.strategy != "fsdp2":
             raise ConfigError(
                 f"{self.key}.replicas={self.replicas} over processes needs strategy=fsdp2: DDP or FSDP1 would"

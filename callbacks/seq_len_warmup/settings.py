@@ -15,7 +15,7 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
-from callbacks.technique import TechniqueSettings, refuse_tensor_parallel
+from callbacks.technique import TechniqueSettings
 from settings.run_context import RunContext
 from common.errors import ConfigError
 
@@ -88,8 +88,9 @@ class SeqLenWarmupSettings(TechniqueSettings):
             raise ConfigError(f"{self.key}: difficulties must be > 0 and max_step strictly increasing.")
 
     def check(self, run: RunContext) -> None:
-        """No length may exceed the packed length: rows cannot grow."""
-        refuse_tensor_parallel(self.key, run, "its varying lengths are not yet tested against sequence-parallel shards")
+        """No length may exceed the packed length: rows cannot grow; under sequence parallelism
+        every length splits into the tensor-parallel ranks' equal parts."""
+        self._check_shards(run.sequence_shards)
         if self.schedule_type == "fixed_discrete":
             longest, name = max(self.difficulty), "difficulty"
         else:
@@ -102,6 +103,25 @@ class SeqLenWarmupSettings(TechniqueSettings):
             raise ConfigError(
                 f"{self.key}.{name}={longest} is longer than the packed length data.seq_len={run.seq_len};"
                 " lower it or raise data.seq_len."
+            )
+
+    def _check_shards(self, shards: int) -> None:
+        if shards == 1:
+            return
+        if self.schedule_type == "fixed_discrete":
+            odd = [(f"difficulty={self.difficulty}", d) for d in self.difficulty if d % shards]
+        else:
+            # every length is a multiple of the step or the longest, itself one (checked apart)
+            odd = (
+                [(f"difficulty_step={self.difficulty_step}", self.difficulty_step)]
+                if self.difficulty_step % shards
+                else []
+            )
+        if odd:
+            raise ConfigError(
+                f"{self.key}.{odd[0][0]}: sequence parallelism splits each row into {shards} equal parts"
+                f" (strategy.tensor_parallel_size={shards}), so every warmup length must be a multiple of"
+                f" {shards}; choose such lengths, or set layout.sequence_parallel=false."
             )
 
     def longest(self, packed_length: int) -> int:
