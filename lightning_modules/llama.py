@@ -317,6 +317,10 @@ def init_parameter(param: torch.Tensor, name: str, std: float | None, seed: int)
 class Llama(nn.Module):
     """Token ids -> next-token logits. The loss lives in the training module."""
 
+    #: Whether the head is split by vocabulary over a tensor-parallel group
+    #: (``tensor_parallel.py``): the loss and its backward then run in ``loss_context``.
+    vocabulary_parallel: bool = False
+
     def __init__(self, config: LlamaSettings) -> None:
         super().__init__()
         if config.vocab_size is None:
@@ -405,9 +409,11 @@ class Llama(nn.Module):
         for layer in self.layers:
             h = layer(h, cos, sin)
         h = self.norm(h)
-        if labels is None or self.loss_kernel is None:  # None: tensor parallelism (its plan gathers the logits)
+        if labels is None or self.loss_kernel is None:  # None: tensor parallelism (a head split by vocabulary)
             logits = self.output(h)
-            return logits if labels is None else F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten())
+            if labels is None:
+                return whole(logits)
+            return whole(F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten()))
         return self.loss_kernel(h.flatten(0, 1), self.output.weight, labels.flatten())
 
     @staticmethod
@@ -418,6 +424,12 @@ class Llama(nn.Module):
         (``lightning_modules/parallelism.py``).
         """
         return F.cross_entropy(F.linear(hidden, weight).float(), labels)
+
+
+def whole(tensor: torch.Tensor) -> torch.Tensor:
+    """A tensor-parallel head's output (a DTensor) as the plain tensor every rank would hold
+    unsplit: the logits gathered, the loss as it is (replicated); differentiable."""
+    return tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
 
 
 def count_parameters(config: LlamaSettings, include_embedding: bool = True) -> int:

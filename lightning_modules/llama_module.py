@@ -42,6 +42,7 @@ from lightning_modules.parallelism import (
     set_gradient_sync,
 )
 from lightning_modules.training_state import WEIGHTS_NOTE, TrainingState
+from lightning_modules.tensor_parallel import loss_context
 
 PROGRESS_BAR_KEYS = (
     "train/loss",
@@ -216,7 +217,7 @@ class LlamaLightningModule(L.LightningModule):
 
     def loss(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         """Mean next-token cross-entropy in fp32 over the batch's labelled tokens."""
-        with attention_backend(self.layout.attention_backend):
+        with attention_backend(self.layout.attention_backend), loss_context(self.model):
             return self.model(batch["input_ids"], batch.get("position_ids"), labels=batch["labels"])
 
     # ---------------------------------------------------------------- training
@@ -249,7 +250,8 @@ class LlamaLightningModule(L.LightningModule):
         loss = self.loss(batch)
         # Each rank's micro-batches weigh 1/accumulation; DDP and FSDP average over ranks,
         # so the gradient is the mean over the global batch.
-        self.manual_backward(loss / state.global_batch.accumulation)
+        with loss_context(self.model):
+            self.manual_backward(loss / state.global_batch.accumulation)
         self._step_loss += loss.detach()
         self._step_tokens += batch["labels"].numel()
         state.seq_len = batch["labels"].shape[1]

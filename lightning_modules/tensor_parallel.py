@@ -14,16 +14,22 @@ reduce-scatters and the inputs of the column-wise layers all-gathers (the same b
 the activations outside attention and the MLP shrink by T.
 
 The embedding is split by vocabulary rows (each rank looks up its rows; the sum over the
-group is the embedding) and the output head by vocabulary columns. The head's logits are
-gathered whole on every rank, and the cross-entropy is the plain one: it costs the full
-fp32 logits per rank (b x T x vocab x 4 bytes, as on one device) and one all-gather of them,
-where a loss-parallel cross-entropy would keep 1/T; the memory plan counts them in full.
+group is the embedding) and the output head by vocabulary columns. The logits stay split by
+vocabulary: the cross-entropy is PyTorch's loss-parallel one, which takes the softmax's
+maximum and normaliser and the target's logit with three all-reduces of b x T numbers, so
+each rank holds 1/T of the fp32 logits instead of all of them, and never gathers them. Its
+backward must run inside the same context as its forward (``loss_context``). Logits asked
+for without labels (generation, evaluation) are gathered whole.
 
 Applied to the model built on the meta device, before activation checkpointing, compile and
 FSDP2 (which then shards every parameter over the data-parallel dimension of the same mesh);
 the weights are then initialised shard by shard as any sharded model's (``meta_init.py``),
 equal to a whole model's from the same seed.
 """
+
+from contextlib import AbstractContextManager, nullcontext
+
+from typing import TYPE_CHECKING
 
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
@@ -33,8 +39,12 @@ from torch.distributed.tensor.parallel import (
     PrepareModuleInput,
     RowwiseParallel,
     SequenceParallel,
+    loss_parallel,
     parallelize_module,
 )
+
+if TYPE_CHECKING:
+    from lightning_modules.llama import Llama
 
 
 def apply_tensor_parallel(model: nn.Module, mesh: DeviceMesh, sequence_parallel: bool) -> None:
@@ -45,7 +55,7 @@ def apply_tensor_parallel(model: nn.Module, mesh: DeviceMesh, sequence_parallel:
         mesh,
         {
             "tok_embeddings": RowwiseParallel(input_layouts=Replicate(), output_layouts=between),
-            "output": ColwiseParallel(input_layouts=between, output_layouts=Replicate()),
+            "output": ColwiseParallel(input_layouts=between, output_layouts=Shard(-1), use_local_output=False),
             **({"norm": SequenceParallel()} if sequence_parallel else {}),
         },
     )
@@ -70,4 +80,11 @@ def apply_tensor_parallel(model: nn.Module, mesh: DeviceMesh, sequence_parallel:
                 "mlp": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
             }
         parallelize_module(block, mesh, plan)
-    model.loss_kernel = None  # the loss goes through the output layer, whose plan gathers the logits
+    model.loss_kernel = None  # the loss goes through the split output layer
+    model.vocabulary_parallel = True
+
+
+def loss_context(model: "Llama") -> AbstractContextManager:
+    """Where the loss of a model whose head is split by vocabulary is taken, and its backward
+    run: PyTorch's ``loss_parallel``; a null context for any other model."""
+    return loss_parallel() if model.vocabulary_parallel else nullcontext()
