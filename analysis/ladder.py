@@ -31,6 +31,7 @@ from laws in N fitted to the other sizes' winners (``study/setting_laws.py``), r
 
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import yaml
@@ -38,6 +39,10 @@ import yaml
 from analysis.runs import METRICS, Run, load_run
 from analysis.scaling_laws import PowerLaw, fit_power_law, fit_power_law_offset, parameter_count
 from common.errors import ConfigError, UserError
+from study.search_space import Point
+
+if TYPE_CHECKING:
+    from study.preset import StudySpec
 
 #: Fewest sizes a fit over N takes (the offset form has three coefficients).
 MIN_SIZES = 3
@@ -282,6 +287,20 @@ def write_prediction(
     ]
     (dirs[0] / PREDICTION).write_text(yaml.safe_dump([p.as_dict() for p in predictions], sort_keys=False))
     return predictions
+
+
+def searched_winners(runs: list[Run], spec: "StudySpec") -> dict[str, list[tuple[int, Point]]]:
+    """Per searched method, each searched size's winner: its parameter count and its point,
+    read from a judging run's overrides (the held-out size's settings are off the grids)."""
+    found: dict[str, dict[int, Point]] = {}
+    for run in runs:
+        space = spec.spaces.get(run.arm) if run.arm else None
+        if space is None or not space.dimensions or run.phase != "judge":
+            continue
+        point = space.point_of(run.overrides)
+        if point is not None:
+            found.setdefault(run.arm, {})[parameter_count(run.setting("model"))] = point
+    return {arm: sorted(winners.items()) for arm, winners in found.items()}
 
 
 def joint_fit(found: list[Rung]) -> PowerLaw | None:

@@ -15,7 +15,7 @@ offline and with no account.
 """
 
 import textwrap
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import matplotlib
@@ -28,11 +28,13 @@ from analysis.runs import DERIVED, STEP, TOKENS, WALL_TIME, Run, find_runs  # no
 from study.claim_tests import Spread  # noqa: E402
 from study.looks import judge_in_looks  # noqa: E402
 from study.preset import Claim, StudySpec  # noqa: E402
-from study.verdicts import Verdict  # noqa: E402
+from study.verdicts import NOT_TUNED, Verdict  # noqa: E402
 from study.tuner import Tuning  # noqa: E402
 from analysis.scaling_laws import parameter_count  # noqa: E402
-from study.trend import TrendPoint, judge_trend  # noqa: E402
-from analysis.tuning_report import crossed_with, tuning_figures, tuning_table, tunings  # noqa: E402
+from study.trend import judge_trend  # noqa: E402
+from analysis.ladder import HELD_OUT  # noqa: E402
+from common.overrides import override_value  # noqa: E402
+from analysis.tuning_report import crossed_with, distinct_crossings, tuning_figures, tuning_table, tunings  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -406,37 +408,55 @@ def build_report(runs: list[Run]) -> StudyReport:
     if spec is None:
         return StudyReport(runs, groups, spec)
     found = tunings(spec, runs) if spec.tuned else {}
+    judged = [group for group in groups if group.phase not in ("tune", HELD_OUT)]
+    crossings: dict[tuple[str, ...], list[Group]] = {}
+    for group in judged:
+        if group.arm:
+            crossings.setdefault(crossed_with(group.runs[0], spec), []).append(group)
+    if len({override_value(list(crossing), "model") for crossing in crossings}) > 1:  # a ladder
+        return StudyReport(runs, groups, spec, ladder_verdicts(spec, crossings, found), found)
     untuned = frozenset(arm for (arm, _), tuning in found.items() if not tuning.tuned)
-    judged = [group for group in groups if group.phase != "tune"]
-    spreads: dict[str, dict[str, Spread]] = {}
-    for claim in spec.claims:
-        for arm, metrics in claim_spreads(claim, judged).items():
-            spreads.setdefault(arm, {}).update(metrics)
-    looks = judge_in_looks(spec, [spreads], untuned).verdicts[0]
-    verdicts = [
-        judge_trend(claim, trend_points(claim, judged, spec), untuned) if claim.trend else looks[i]
-        for i, claim in enumerate(spec.claims)
-    ]
+    looks = judge_in_looks(spec, [arm_spreads(spec, judged)], untuned).verdicts[0]
+    verdicts = [judge_trend(claim, [], untuned) if claim.trend else looks[i] for i, claim in enumerate(spec.claims)]
     return StudyReport(runs, groups, spec, verdicts, found)
 
 
-def trend_points(claim: Claim, groups: list[Group], spec: StudySpec) -> list[TrendPoint]:
-    """Per size the arm was crossed with (a ladder's ``model=...``) and judging seed, the paired
-    difference of the claim's metric from the baseline's at that size and seed."""
-    metric = next(iter(claim.expect))
-    by_crossing = {(group.arm, crossed_with(group.runs[0], spec)): group for group in groups if group.arm}
-    points = []
-    for (arm, crossing), group in by_crossing.items():
-        baseline = by_crossing.get((claim.baseline, crossing))
-        if arm != claim.arm or baseline is None:
+def arm_spreads(spec: StudySpec, groups: list[Group]) -> dict[str, dict[str, Spread]]:
+    """Each arm's spreads of the metrics the study's claims read."""
+    spreads: dict[str, dict[str, Spread]] = {}
+    for claim in spec.claims:
+        for arm, metrics in claim_spreads(claim, groups).items():
+            spreads.setdefault(arm, {}).update(metrics)
+    return spreads
+
+
+def ladder_verdicts(
+    spec: StudySpec, crossings: dict[tuple[str, ...], list[Group]], found: dict[tuple[str, str], Tuning]
+) -> list[Verdict]:
+    """A study crossed with model sizes (a ladder): each plain claim judged at each size (its
+    text names it), each trend claim across them, in the looks the study's plan made
+    (``study/looks.py``). An arm whose search at a size is not tuned is not judged there
+    (``not tuned``) and leaves the trend, as the plan never judged it."""
+    labels = distinct_crossings(list(crossings))
+    bases, sizes, untuned_at = [], [], []
+    for crossing, members in crossings.items():
+        untuned = {arm for (arm, label), t in found.items() if set(label.split()) <= set(crossing) and not t.tuned}
+        bases.append({arm: m for arm, m in arm_spreads(spec, members).items() if arm not in untuned})
+        sizes.append(parameter_count(members[0].runs[0].setting("model")))
+        untuned_at.append(untuned)
+    judgement = judge_in_looks(spec, bases, sizes=sizes if any(c.trend for c in spec.claims) else None)
+    verdicts = []
+    for i, claim in enumerate(spec.claims):
+        if claim.trend:
+            verdicts.append(judgement.trends[i])
             continue
-        ours, theirs = group.spread(metric), baseline.spread(metric)
-        mine, base = (ours.by_seed() if ours else None), (theirs.by_seed() if theirs else None)
-        if not mine or not base:
-            continue
-        n_params = parameter_count(group.runs[0].setting("model"))
-        points += [TrendPoint(n_params, seed, mine[seed] - base[seed]) for seed in sorted(set(mine) & set(base))]
-    return points
+        for label, untuned, per_base in zip(labels.values(), untuned_at, judgement.verdicts):
+            named = replace(claim, claim=f"{claim.claim} [{label}]")
+            shown = Verdict(named, per_base[i].measured, per_base[i].verdict)
+            if {*claim.arms} & untuned:
+                shown = Verdict(named, [f"{', '.join(sorted({*claim.arms} & untuned))} not tuned here"], NOT_TUNED)
+            verdicts.append(shown)
+    return verdicts
 
 
 def claim_spreads(claim: Claim, groups: list[Group]) -> dict[str, dict[str, Spread]]:

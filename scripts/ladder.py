@@ -15,10 +15,13 @@ fitted sizes only: what the predicted size's runs logged is never opened.
 (method, size, the settings a held-out size ran with, predicted with its interval, measured
 over seeds, relative error), the fits
 on all sizes (L(N) per method, the joint L(N, M) over DiLoCo, the inner LR each size's search
-picked against N), the study's claims, trend claims included, and the compute (training time
-per size and phase); it writes
-``ladder_loss.png`` (loss against N with the fits and the held-out prediction) and
-``ladder_gap.png`` (each DiLoCo method's difference from data parallelism against N).
+picked against N; in a tuned ladder each searched setting's law over the searched sizes'
+winners, ``study/setting_laws.py``), the study's claims (in a ladder, per size and as
+trends), and the compute (training time per size and phase); it writes
+``ladder_loss.png`` (loss against N with the fits and the held-out prediction),
+``ladder_gap.png`` (each DiLoCo method's difference from data parallelism against N) and, in a
+tuned ladder, ``ladder_<setting>.png`` per searched setting (the winners against N, the law,
+the value the held-out size ran with).
 Definitions: ``analysis/ladder.py``.
 """
 
@@ -34,6 +37,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from analysis.ladder import (  # noqa: E402
+    HELD_OUT,
     PREDICTION,
     Prediction,
     by_method,
@@ -43,9 +47,12 @@ from analysis.ladder import (  # noqa: E402
     model_name,
     rungs,
     run_models,
+    searched_winners,
     write_prediction,
 )
-from analysis.report import build_report, verdict_table  # noqa: E402
+from analysis.report import build_report, study_spec, verdict_table  # noqa: E402
+from study.preset import StudySpec  # noqa: E402
+from study.setting_laws import MAJORITY, MIN_SIZES, POWER_LAW, SettingLaw, setting_laws  # noqa: E402
 from analysis.runs import find_runs  # noqa: E402
 from analysis.scaling_laws import parameter_count  # noqa: E402
 from common.errors import ConfigError  # noqa: E402
@@ -151,6 +158,11 @@ def do_report(args: argparse.Namespace) -> None:
     joint = joint_fit(found)
     if joint is not None:
         print(f"- DiLoCo, joint: {joint.describe('L')}")
+    spec = study_spec(runs)
+    laws = setting_laws_of(runs, spec, found) if spec is not None and spec.tuned else {}
+    for method, method_laws in laws.items():
+        for law in method_laws:
+            print(f"- {method}, best {law.describe()}")
     report = build_report(runs)
     if report.verdicts:
         print(f"\n## Claims\n\n{verdict_table(report.verdicts)}")
@@ -159,7 +171,62 @@ def do_report(args: argparse.Namespace) -> None:
     out.mkdir(parents=True, exist_ok=True)
     plot_loss(found, predictions, out / "ladder_loss.png")
     plot_gap(found, out / "ladder_gap.png")
-    print(f"\nwrote {out / 'ladder_loss.png'} and {out / 'ladder_gap.png'}", file=sys.stderr)
+    figures = [out / "ladder_loss.png", out / "ladder_gap.png"]
+    figures += plot_settings(laws, [run for run in runs if run.phase == HELD_OUT], out)
+    print(f"\nwrote {', '.join(map(str, figures))}", file=sys.stderr)
+
+
+def setting_laws_of(runs: list, spec: StudySpec, found: list) -> dict[str, list[SettingLaw]]:
+    """Each searched method's laws over its searched sizes' winners (3 or more sizes),
+    evaluated at the largest size the ladder ran."""
+    largest = max((r.n_params for r in found), default=0)
+    laws = {}
+    for method, winners in searched_winners(runs, spec).items():
+        if len(winners) >= MIN_SIZES:
+            laws[method] = setting_laws(spec.spaces[method], winners, largest)
+    return laws
+
+
+def plot_settings(laws: dict[str, list[SettingLaw]], held_out, out: Path) -> list[Path]:
+    """One figure per searched setting: each method's winners against N (o), its law (dashed;
+    a list setting has none) and the value the held-out size ran with (x)."""
+    keys = dict.fromkeys(law.key for method_laws in laws.values() for law in method_laws)
+    paths = []
+    for key in keys:
+        figure, axis = plt.subplots(figsize=(7, 4.5))
+        numeric = True
+        for method, method_laws in laws.items():
+            law = next((law for law in method_laws if law.key == key), None)
+            if law is None:
+                continue
+            n = np.array([size for size, _ in law.winners], float)
+            numeric = law.form != MAJORITY
+            values = [float(v) if numeric else v for _, v in law.winners]
+            (line,) = axis.plot(n, values, "o", label=f"{method}: {law.form}")
+            held = [
+                (parameter_count(run.setting("model")), float(run.setting(key)))
+                for run in held_out
+                if run.arm == method and numeric and run.setting(key) is not None
+            ]
+            if numeric:
+                grid = np.geomspace(n.min(), max([n.max(), *(size for size, _ in held)]), 50)
+                fitted = law.a * grid**law.exponent if law.form == POWER_LAW else np.full_like(grid, float(law.value))
+                axis.plot(grid, fitted, "--", color=line.get_color())
+            for size, value in held:
+                axis.plot([size], [value], "x", color=line.get_color(), markersize=10)
+        axis.set(
+            xscale="log",
+            yscale="log" if numeric else "linear",
+            xlabel="parameters N",
+            ylabel=key,
+            title=f"best {key.split('.')[-1]} against N: winners (o), law (dashed), held-out size (x)",
+        )
+        axis.legend(fontsize="small")
+        path = out / f"ladder_{key.split('.')[-1]}.png"
+        figure.savefig(path, dpi=120, bbox_inches="tight")
+        plt.close(figure)
+        paths.append(path)
+    return paths
 
 
 def plot_loss(found, predictions: list[Prediction], path: Path) -> None:

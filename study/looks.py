@@ -15,11 +15,12 @@ A study with a fixed list of judging seeds has one look, at the full level, over
 judging seed its arms ran.
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from study.claim_tests import Spread
 from study.sequential import nominal_levels
 from study.preset import Claim, StudySpec
+from study.trend import judge_trend, points_of
 from study.verdicts import UNRESOLVED, Verdict, judge_claim
 
 Groups = dict[str, dict[str, Spread]]  # arm -> metric -> its final values over seeds
@@ -29,12 +30,14 @@ Groups = dict[str, dict[str, Spread]]  # arm -> metric -> its final values over 
 class Judgement:
     """The looks replayed so far over one or more base jobs' judging runs."""
 
-    #: Per base job, each claim's verdict (None for a trend claim, judged apart).
+    #: Per base job, each claim's verdict (None for a trend claim, judged across them).
     verdicts: list[list[Verdict | None]]
     #: The number of judging seeds at each look so far.
     sizes: tuple[int, ...]
     #: The seeds the next look needs (all of them, in order), or None when judging is over.
     next_seeds: list[int] | None
+    #: Each trend claim's verdict (by its index) over the base jobs, where their model sizes were given.
+    trends: dict[int, Verdict] = field(default_factory=dict)
 
 
 def judging_order(spec: StudySpec) -> list[int]:
@@ -47,34 +50,61 @@ def judging_order(spec: StudySpec) -> list[int]:
     return [*spec.seeds, *added[: spec.max_seeds - len(spec.seeds)]]
 
 
-def judge_in_looks(spec: StudySpec, bases: list[Groups], untuned: frozenset[str] = frozenset()) -> Judgement:
-    """Replay the looks over each base job's groups (every judging seed they ran)."""
-    claims = [(i, claim) for i, claim in enumerate(spec.claims) if not claim.trend]  # a trend is judged on every seed
+def judge_in_looks(
+    spec: StudySpec, bases: list[Groups], untuned: frozenset[str] = frozenset(), sizes: list[float] | None = None
+) -> Judgement:
+    """Replay the looks over each base job's groups (every judging seed they ran). With the
+    base jobs' model sizes (``sizes``, a ladder's parameter counts) the trend claims are judged
+    across them at each look too, and seeds are added while one is unresolved."""
+    claims = [(i, claim) for i, claim in enumerate(spec.claims) if not claim.trend]
+    trends = [(i, claim) for i, claim in enumerate(spec.claims) if claim.trend] if sizes is not None else []
     if spec.max_seeds is None:  # one look, every seed that ran
-        return Judgement(
-            [_judge_all(spec, groups, claims, untuned, None) for groups in bases], (len(spec.seeds),), None
-        )
+        verdicts = [_judge_all(spec, groups, claims, untuned, None) for groups in bases]
+        return Judgement(verdicts, (len(spec.seeds),), None, _trends(trends, sizes, bases, untuned, None, spec))
     order = judging_order(spec)
     decided: list[dict[int, Verdict]] = [{} for _ in bases]
-    sizes = [spec.looks[0]]
+    trended: dict[int, Verdict] = {}
+    looks = [spec.looks[0]]
     while True:
-        seeds = order[: sizes[-1]]
+        seeds = order[: looks[-1]]
         complete = all(_ran(groups, seeds) for groups in bases)
-        fractions = tuple(n / spec.max_seeds for n in sizes)
-        latest = []
+        fractions = tuple(n / spec.max_seeds for n in looks)
+        latest, on_seeds = [], []
         for groups, done in zip(bases, decided):
-            on_seeds = {arm: {m: spread.on(seeds) for m, spread in metrics.items()} for arm, metrics in groups.items()}
-            look = _judge_all(spec, on_seeds, [(i, c) for i, c in claims if i not in done], untuned, fractions)
+            on_seeds.append({arm: {m: s.on(seeds) for m, s in metrics.items()} for arm, metrics in groups.items()})
+            look = _judge_all(spec, on_seeds[-1], [(i, c) for i, c in claims if i not in done], untuned, fractions)
             latest.append(look)
             if complete:
                 done.update({i: v for i, v in enumerate(look) if v is not None and v.verdict not in UNRESOLVED})
+        open_trends = [(i, c) for i, c in trends if i not in trended]
+        trend_look = _trends(open_trends, sizes, on_seeds, untuned, fractions, spec)
+        if complete:
+            trended.update({i: v for i, v in trend_look.items() if v.verdict not in UNRESOLVED})
         verdicts = [[done.get(i, look[i]) for i in range(len(spec.claims))] for done, look in zip(decided, latest)]
+        found = {**trend_look, **trended}
         if not complete:
-            return Judgement(verdicts, tuple(sizes), seeds)
+            return Judgement(verdicts, tuple(looks), seeds, found)
         unresolved = any(i not in done and not claim.front for done in decided for i, claim in claims)
-        if not unresolved or len(sizes) == len(spec.looks):
-            return Judgement(verdicts, tuple(sizes), None)
-        sizes.append(spec.looks[len(sizes)])
+        unresolved = unresolved or any(i not in trended for i, _ in trends)
+        if not unresolved or len(looks) == len(spec.looks):
+            return Judgement(verdicts, tuple(looks), None, found)
+        looks.append(spec.looks[len(looks)])
+
+
+def _trends(
+    claims: list[tuple[int, Claim]],
+    sizes: list[float] | None,
+    bases: list[Groups],
+    untuned: frozenset[str],
+    fractions: tuple[float, ...] | None,
+    spec: StudySpec,
+) -> dict[int, Verdict]:
+    """Each listed trend claim's verdict over the base jobs at the last of these looks."""
+    found = {}
+    for i, claim in claims:
+        verdict = judge_trend(claim, points_of(claim, sizes, bases), untuned, _level(fractions, spec.error_control))
+        found[i] = _at_look(verdict, fractions, spec)
+    return found
 
 
 def _ran(groups: Groups, seeds: list[int]) -> bool:
@@ -93,19 +123,19 @@ def _judge_all(
     found: list[Verdict | None] = [None] * len(spec.claims)
     level = _level(fractions, spec.error_control)
     for i, claim in claims:
-        verdict = judge_claim(claim, groups, untuned, level)
-        if fractions is not None:
-            verdict = Verdict(
-                claim,
-                [
-                    *verdict.measured,
-                    f"look {len(fractions)} at {round(fractions[-1] * spec.max_seeds)} of at most"
-                    f" {spec.max_seeds} seeds ({spec.error_control} spending)",
-                ],
-                verdict.verdict,
-            )
-        found[i] = verdict
+        found[i] = _at_look(judge_claim(claim, groups, untuned, level), fractions, spec)
     return found
+
+
+def _at_look(verdict: Verdict, fractions: tuple[float, ...] | None, spec: StudySpec) -> Verdict:
+    """The verdict with the look it was made at, when seeds are added in looks."""
+    if fractions is None:
+        return verdict
+    look = (
+        f"look {len(fractions)} at {round(fractions[-1] * spec.max_seeds)} of at most"
+        f" {spec.max_seeds} seeds ({spec.error_control} spending)"
+    )
+    return Verdict(verdict.claim, [*verdict.measured, look], verdict.verdict)
 
 
 def _level(fractions: tuple[float, ...] | None, spending: str):

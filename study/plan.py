@@ -11,7 +11,8 @@ The phases, each starting once the one before has nothing left:
    tuning seed, then its finalists and anchors on the finalist seeds;
 2. **judge**: each tuned arm's winner on the judging seeds (an arm whose search is not tuned,
    say an anchor beat its winner, is not judged). With ``study.seeds: {first: [...], max: N}``
-   more seeds follow while a claim is unresolved (inconclusive or underpowered), up to the
+   more seeds follow while a claim is unresolved (inconclusive or underpowered; in a ladder,
+   a plain claim at any size or a trend claim across the sizes), up to the
    next planned look (``study.seeds.looks``, by default the cap N), numbered on from the
    largest seed the study uses, each look judged at its share of the tests' levels
    (``study/looks.py``);
@@ -154,7 +155,9 @@ class StudyPlan:
         if any(job not in self.finished for job in jobs) or self.spec.max_seeds is None:
             return jobs
         bases = sorted({base for base, _, _ in judged})
-        judgement = judge_in_looks(self.spec, [self._groups(base, judged) for base in bases])
+        trends = self.sizes is not None and any(claim.trend for claim in self.spec.claims)
+        sizes = [self.sizes[base] for base in bases] if trends else None
+        judgement = judge_in_looks(self.spec, [self._groups(base, judged) for base in bases], sizes=sizes)
         return [
             TunedJob(base, arm, point, seed, JUDGE)
             for base, arm, point in judged

@@ -102,7 +102,7 @@ def _range_law(
     b, se = law.exponents[0], law.exponent_ses[0]
     half = t_quantile(len(n) - 2) * se if math.isfinite(se) else math.inf
     interval = (b - half, b + half)
-    if interval[0] <= 0.0 <= interval[1]:
+    if len(set(values)) == 1 or interval[0] <= 0.0 <= interval[1]:  # one value: b is 0 but for rounding
         form, value = CONSTANT, float(np.exp(np.mean(np.log(values))))
     else:
         form, value = POWER_LAW, float(law.predict(np.array([float(n_params)]))[0])

@@ -14,9 +14,9 @@ with N (a one-sided t-test at 2.5%), with the slope the seeds resolve at 80% pow
 import math
 from dataclasses import dataclass
 
-from study.claim_tests import Estimate
+from study.claim_tests import Estimate, Spread
 from study.preset import Claim
-from study.verdicts import NOT_RUN, NOT_TUNED, Verdict, combine, describe, judged, margin
+from study.verdicts import NOT_RUN, NOT_TUNED, Level, Verdict, combine, describe, full_level, judged, margin
 
 
 @dataclass(frozen=True)
@@ -48,8 +48,24 @@ def slope(points: list[TrendPoint]) -> Estimate:
     return Estimate("slope", b, math.sqrt(residual / sxx), n - 2)
 
 
-def judge_trend(claim: Claim, points: list[TrendPoint], untuned: frozenset[str] = frozenset()) -> Verdict:
-    """A trend claim's verdict on the (size, seed) differences of its arm from its baseline."""
+def points_of(claim: Claim, sizes: list[float], bases: list[dict[str, dict[str, Spread]]]) -> list[TrendPoint]:
+    """Each size's (one base job's groups: arm -> metric -> its values by seed) paired
+    differences of the claim's metric, arm minus baseline, on the seeds both ran."""
+    metric = next(iter(claim.expect))
+    points = []
+    for n_params, groups in zip(sizes, bases):
+        ours, theirs = groups.get(claim.arm, {}).get(metric), groups.get(claim.baseline, {}).get(metric)
+        mine, base = (ours.by_seed() if ours else None), (theirs.by_seed() if theirs else None)
+        if mine and base:
+            points += [TrendPoint(n_params, seed, mine[seed] - base[seed]) for seed in sorted(set(mine) & set(base))]
+    return points
+
+
+def judge_trend(
+    claim: Claim, points: list[TrendPoint], untuned: frozenset[str] = frozenset(), level: Level = full_level
+) -> Verdict:
+    """A trend claim's verdict on the (size, seed) differences of its arm from its baseline,
+    each test at ``level`` of its own (a look's share when seeds are added in looks)."""
     if not points:
         return Verdict(claim, [f"no size with finished runs of both {claim.arm} and {claim.baseline}"], NOT_RUN)
     estimate = slope(points)
@@ -57,13 +73,13 @@ def judge_trend(claim: Claim, points: list[TrendPoint], untuned: frozenset[str] 
     measured, verdicts = [], []
     for metric, conditions in claim.expect.items():
         for condition in conditions:
-            smallest = margin(claim, condition)
-            shown = f"slope per decade of N {estimate.text(condition.alpha)}"
+            smallest, alpha = margin(claim, condition), level(condition.alpha)
+            shown = f"slope per decade of N {estimate.text(alpha)}"
             measured.append(
-                f"{metric} difference: {describe(shown, estimate, condition, condition.alpha, smallest, 'slope')};"
+                f"{metric} difference: {describe(shown, estimate, condition, alpha, smallest, 'slope')};"
                 f" per-size means of {len(points)} seeds over {sizes} sizes, {max(sizes - 2, 0)} degrees of freedom"
             )
-            verdicts.append(judged(estimate, condition, smallest, condition.alpha))
+            verdicts.append(judged(estimate, condition, smallest, alpha))
     if {claim.arm, claim.baseline} & untuned:
         return Verdict(claim, [*measured, "not tuned at every size (see the tuning table)"], NOT_TUNED)
     return Verdict(claim, measured, combine(verdicts))

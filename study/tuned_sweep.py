@@ -76,7 +76,10 @@ def run_tuned_study(
             f"study.previous_size_anchor (arm {anchored[0]}) anchors each size on the next smaller one's winner,"
             " but this study runs one model: cross it with sizes (model=a,b,...) or drop previous_size_anchor."
         )
-    sizes = [parameters(configs, base) for base, _ in bases] if budgeted or spec.held_out or anchored else None
+    trends = any(claim.trend for claim in spec.claims) and len(bases) > 1
+    sizes = (
+        [parameters(configs, base) for base, _ in bases] if budgeted or spec.held_out or anchored or trends else None
+    )
     held_out = held_out_base(spec, [base for base, _ in bases])
     study = StudyPlan(
         spec,

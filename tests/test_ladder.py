@@ -14,6 +14,7 @@ from omegaconf import OmegaConf
 from scipy import stats
 
 from analysis.ladder import Rung, fit_loss, predict
+from analysis.report import study_report
 from analysis.runs import find_runs
 from study.preset import StudySpec
 from study.trend import TrendPoint, judge_trend, slope
@@ -136,16 +137,24 @@ def test_a_trend_claim_tests_a_slope_not_a_ratio() -> None:
         )
 
 
-def write_run(folder: Path, model: str, arm: str, seed: int, loss: float) -> None:
-    """A finished judging run as the CSV logger and the sweep leave it."""
+def write_run(
+    folder: Path, model: str, arm: str, seed: int, loss: float, study: dict | None = None, settings: tuple = ()
+) -> None:
+    """A finished judging run as the CSV logger and the sweep leave it (``study``: the preset's
+    block; ``settings``: the searched overrides it ran with)."""
     (folder / "csv").mkdir(parents=True)
     (folder / ".hydra").mkdir()
     shape = yaml.safe_load((REPO / "conf" / "model" / f"{model}.yaml").read_text())
-    config = {"model": shape, "seed": seed, "study": {"arm": arm, "phase": "judge"}, "optimizer": {"lr": 4e-3}}
+    config = {
+        "model": shape,
+        "seed": seed,
+        "study": {**(study or {}), "arm": arm, "phase": "judge"},
+        "optimizer": {"lr": 4e-3},
+    }
     (folder / "csv" / "hparams.yaml").write_text(yaml.safe_dump(config))
     (folder / "csv" / "metrics.csv").write_text(f"step,train/tokens_seen,val/loss\n10,1000,{loss}\n")
     (folder / ".hydra" / "overrides.yaml").write_text(
-        yaml.safe_dump([f"model={model}", f"study.arm={arm}", f"seed={seed}"])
+        yaml.safe_dump([f"model={model}", *settings, f"study.arm={arm}", f"seed={seed}"])
     )
     (folder / "finished.yaml").write_text("metrics: {}\n")
 
@@ -271,3 +280,71 @@ def test_a_held_out_size_the_ladder_cannot_fit_is_one_line_before_any_job(
     )
     assert result.returncode == 2 and result.stderr.strip().splitlines() == [message]
     assert not folder.exists()
+
+
+def test_a_ladder_report_judges_plain_claims_at_each_size_and_trends_across_them(tmp_path: Path) -> None:
+    """The tuned ladder's claims on finished judging runs of four sizes: the per-size claim at
+    every size (named by its size), each trend once, its slope scipy's on the per-size means."""
+    preset = OmegaConf.load(REPO / "conf" / "sweep" / "scaling_ladder_tuned.yaml")
+    study = OmegaConf.to_container(preset.study)
+    gaps = {"m1": -0.02, "m2": 0.03}  # at 0.1M; each falls by 0.05 per decade of N
+    sweep, job = tmp_path / "sweep", 0
+    sizes = []
+    for model in SIZES[:4]:
+        shape = yaml.safe_load((REPO / "conf" / "model" / f"{model}.yaml").read_text())
+        n = count_parameters(LlamaSettings(**{k: v for k, v in shape.items() if k != "_target_"}))
+        sizes.append(n)
+        for arm in ("dp", "m1", "m2"):
+            for seed, noise in ((2, 0.001), (3, -0.001)):
+                gap = gaps[arm] - 0.05 * math.log10(n / 104_688) if arm in gaps else 0.0
+                write_run(sweep / str(job), model, arm, seed, 2.0 + gap + noise, study)
+                job += 1
+    report = study_report([sweep])
+    texts = [v.claim.claim for v in report.verdicts]
+    per_size = [t for t in texts if t.startswith("DiLoCo M = 1 ends lower")]
+    assert [t.split("[")[-1] for t in per_size] == [f"model={m}]" for m in SIZES[:4]]
+    trends = {v.claim.arm: v for v in report.verdicts if v.claim.trend}
+    assert set(trends) == {"m1", "m2"} and all(v.verdict == "holds" for v in trends.values())
+    fit = stats.linregress(np.log10(sizes), [gaps["m2"] - 0.05 * math.log10(n / 104_688) for n in sizes])
+    assert f"slope per decade of N {fit.slope:.4g}" in trends["m2"].measured[0]
+
+
+def test_the_ladder_report_fits_each_searched_setting_and_draws_it(tmp_path: Path) -> None:
+    """Winners read from the judging runs' overrides: data parallelism's LR halving per size is
+    a power law, M = 1's H at 10 everywhere a constant; a figure per setting."""
+    preset = OmegaConf.load(REPO / "conf" / "sweep" / "scaling_ladder_tuned.yaml")
+    study = OmegaConf.to_container(preset.study)
+    lrs = {"ladder_0_1m": "0.016", "ladder_0_3m": "0.008", "ladder_0_65m": "0.004", "ladder_1_2m": "0.001"}
+    sweep, job = tmp_path / "sweep", 0
+    for model, lr in lrs.items():
+        for arm, settings in (
+            ("dp", (f"optimizer.lr={lr}",)),
+            ("m1", ("optimizer.lr=0.004", "technique.diloco.outer_lr=0.707107", "technique.diloco.sync_every=10")),
+        ):
+            for seed in (2, 3):
+                write_run(sweep / str(job), model, arm, seed, 2.0 + 0.01 * seed, study, settings)
+                job += 1
+    result = ladder(["report", str(sweep), "--out", str(tmp_path / "out")])
+    assert result.returncode == 0, result.stderr[-2000:]
+    sizes = [
+        count_parameters(
+            LlamaSettings(
+                **{
+                    k: v
+                    for k, v in yaml.safe_load((REPO / "conf" / "model" / f"{m}.yaml").read_text()).items()
+                    if k != "_target_"
+                }
+            )
+        )
+        for m in lrs
+    ]
+    fit = stats.linregress(np.log(sizes), np.log([float(v) for v in lrs.values()]))
+    (dp_lr,) = [line for line in result.stdout.splitlines() if line.startswith("- dp, best optimizer.lr = ")]
+    assert f"N^{fit.slope:.3g}" in dp_lr, dp_lr
+    (h,) = [line for line in result.stdout.splitlines() if line.startswith("- m1, best technique.diloco.sync_every")]
+    assert "constant" in h and h.endswith(", 10"), h
+    assert {p.name for p in (tmp_path / "out").glob("ladder_*.png")} >= {
+        "ladder_lr.png",
+        "ladder_outer_lr.png",
+        "ladder_sync_every.png",
+    }

@@ -3,6 +3,7 @@ search is not tuned are not judged, judging seeds are added until the claims are
 and an underpowered claim is reported as such (intervals against scipy's)."""
 
 import math
+import re
 
 import numpy as np
 import pytest
@@ -137,3 +138,54 @@ def test_bad_search_settings_name_the_key_and_the_fix(study, message) -> None:
     with pytest.raises(ConfigError) as error:
         spec(**study)
     assert message in str(error.value)
+
+
+def ladder_spec(**study) -> StudySpec:
+    trend = {"arm": "other", "baseline": "base", "trend": "params", "margin": 0.02}
+    return spec(claims=[{**trend, "expect": {"val/loss": {"lower_than": 0.0}}}], **study)
+
+
+LADDER_SIZES = [100_000, 300_000, 650_000, 1_200_000]
+
+
+def play_trend(gap_per_decade: float, noise: dict[int, float]) -> list[list[int]]:
+    """A 4-size ladder whose only claim is a trend: each round of judging seeds."""
+    plan = StudyPlan(ladder_spec(), [([f"model=m{i}"], ["base", "other"]) for i in range(4)], sizes=LADDER_SIZES)
+
+    def judge_loss(job: TunedJob) -> float:
+        bend = (1, -1, -1, 1)[job.base]  # scatter about the line, not a tilt of it
+        gap = 0.1 + gap_per_decade * math.log10(LADDER_SIZES[job.base]) + noise.get(job.seed, 0.0) * bend
+        return 2.0 + (gap if job.arm == "other" else 0.0)
+
+    return [sorted({job.seed for job in r}) for r in play(plan, judge_loss) if r[0].phase == JUDGE]
+
+
+def test_a_ladder_adds_judging_seeds_while_a_trend_claim_is_unresolved() -> None:
+    # A gap that falls 0.05 nats per decade, the same at every seed: decided at the first look.
+    assert play_trend(-0.05, {}) == [[2, 3]]
+    # No trend and the sizes scattered about the line: unresolved, so seeds go to the cap.
+    assert play_trend(0.0, {seed: 0.02 for seed in range(2, 8)}) == [[2, 3], [4, 5, 6, 7]]
+
+
+def test_a_trend_verdict_at_a_look_is_scipys_regression_at_that_look_s_level() -> None:
+    from study.looks import judge_in_looks
+    from study.sequential import nominal_levels
+
+    ladder = ladder_spec(seeds={"first": [2, 3], "max": 4})
+    gaps = {n: 0.1 - 0.01 * math.log10(n) + scatter for n, scatter in zip(LADDER_SIZES, (0.004, -0.003, 0.0, 0.002))}
+    bases = [
+        {
+            "base": {"val/loss": Spread((2.0, 2.01), (2, 3))},
+            "other": {"val/loss": Spread((2.0 + gaps[n], 2.01 + gaps[n]), (2, 3))},
+        }
+        for n in LADDER_SIZES
+    ]
+    judgement = judge_in_looks(ladder, bases, sizes=LADDER_SIZES)
+    assert judgement.next_seeds == [2, 3, 4, 5]  # unresolved at 2 of at most 4 seeds: the next look's
+    fit = stats.linregress(np.log10(LADDER_SIZES), [gaps[n] for n in LADDER_SIZES])
+    alpha = nominal_levels(0.025, (0.5, 1.0), "obrien_fleming")[-1]
+    half = stats.t.ppf(1 - alpha, len(LADDER_SIZES) - 2) * fit.stderr
+    (line, look) = judgement.trends[0].measured
+    shown = re.search(r"slope per decade of N (\S+) \[(\S+), (\S+)\]", line).groups()
+    assert [float(x) for x in shown] == pytest.approx([fit.slope, fit.slope - half, fit.slope + half], rel=1e-3)
+    assert "look 2 at 4 of at most 4 seeds" in look
