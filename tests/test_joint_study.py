@@ -93,6 +93,11 @@ def test_a_study_stopped_mid_search_resumes_into_the_same_jobs(study, tmp_path: 
             "error: study.arms.tuned.anchors[0] names ['optimizer.beta2'], which the arm does not search (it searches ['optimizer.lr']):"
             " drop it or search it.",
         ),
+        (
+            ["+study.previous_size_anchor=true"],
+            "error: study.previous_size_anchor (arm tuned) anchors each size on the next smaller one's winner, but this study"
+            " runs one model: cross it with sizes (model=a,b,...) or drop previous_size_anchor.",
+        ),
     ],
 )
 def test_bad_search_settings_are_one_line_before_any_job(tmp_path: Path, extra: list[str], message: str) -> None:
