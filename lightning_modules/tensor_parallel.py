@@ -28,7 +28,6 @@ equal to a whole model's from the same seed.
 """
 
 from contextlib import AbstractContextManager, nullcontext
-
 from typing import TYPE_CHECKING
 
 from torch import nn

@@ -65,13 +65,13 @@ class StudyPlan:
     finished: dict[TunedJob, dict[str, float]] = field(default_factory=dict)
     #: Each search's record, where the study keeps one (``study/search_record.py``).
     records: dict[tuple[int, str], SearchRecord] = field(default_factory=dict)
+    #: Each held-out arm's setting laws, once its settings are fitted (``study/setting_laws.py``):
+    #: the held-out round computes them, the prediction records them.
+    held_out_laws: dict[str, list["SettingLaw"]] = field(default_factory=dict)
 
     @property
     def select(self) -> str:
         return self.spec.claims[0].select if self.spec.claims else "val/loss"
-
-    #: Each held-out arm's setting laws, once its settings were fitted (``study/setting_laws.py``).
-    held_out_laws: dict[str, list["SettingLaw"]] = field(default_factory=dict)
 
     @property
     def searches(self) -> list[tuple[int, str]]:

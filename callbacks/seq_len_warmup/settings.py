@@ -106,20 +106,15 @@ class SeqLenWarmupSettings(TechniqueSettings):
             )
 
     def _check_shards(self, shards: int) -> None:
-        if shards == 1:
-            return
+        """Every length is a multiple of ``difficulty_step`` or the longest (itself one, checked
+        apart), or one of the discrete lengths: those must split into ``shards`` equal parts."""
         if self.schedule_type == "fixed_discrete":
-            odd = [(f"difficulty={self.difficulty}", d) for d in self.difficulty if d % shards]
+            key, odd = f"difficulty={self.difficulty}", any(d % shards for d in self.difficulty)
         else:
-            # every length is a multiple of the step or the longest, itself one (checked apart)
-            odd = (
-                [(f"difficulty_step={self.difficulty_step}", self.difficulty_step)]
-                if self.difficulty_step % shards
-                else []
-            )
+            key, odd = f"difficulty_step={self.difficulty_step}", self.difficulty_step % shards
         if odd:
             raise ConfigError(
-                f"{self.key}.{odd[0][0]}: sequence parallelism splits each row into {shards} equal parts"
+                f"{self.key}.{key}: sequence parallelism splits each row into {shards} equal parts"
                 f" (strategy.tensor_parallel_size={shards}), so every warmup length must be a multiple of"
                 f" {shards}; choose such lengths, or set layout.sequence_parallel=false."
             )
