@@ -18,21 +18,11 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
 from common.data_groups import DataGroups
-from common.errors import ConfigError
 from settings.run_context import RunContext
 from settings.section import Section
 
 if TYPE_CHECKING:
     from lightning_modules.step_callback import StepCallback
-
-
-def refuse_tensor_parallel(key: str, run: RunContext, why: str) -> None:
-    """A technique that does not compose with tensor parallelism says so in one line, and why."""
-    if run.tensor_parallel_size > 1:
-        raise ConfigError(
-            f"{key} does not compose with strategy.tensor_parallel_size={run.tensor_parallel_size}: {why};"
-            " set strategy.tensor_parallel_size=1, or leave the technique out."
-        )
 
 
 @dataclass(kw_only=True)

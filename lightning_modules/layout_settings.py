@@ -125,17 +125,20 @@ class LayoutSettings(Section):
     def memory_plan(self, run: RunContext) -> MemoryPlan:
         """One device's memory on paper (``memory_plan.py``), the weights sharded over every
         process under FSDP (services phase: the model's vocabulary comes from the tokenizer)."""
-        shards = run.world_size if run.strategy in SHARDING_STRATEGIES and run.world_size else 1
+        fsdp = run.strategy in SHARDING_STRATEGIES
         return memory_plan(
             run.model_with_vocab(),
             precision=run.precision,
             optimizer=run.optimizer,
-            shards=shards,
+            shards=run.world_size if fsdp and run.world_size else 1,
+            fsdp=fsdp,
             micro_batch=run.micro_batch_size,
             seq_len=run.seq_len,
             checkpointing=self.activation_checkpointing,
             checkpoint_every=self.checkpoint_every,
             loss=self.loss,
+            tensor_parallel=run.tensor_parallel_size,
+            sequence_parallel=run.sequence_shards > 1,
         )
 
     def _check_float8(self, run: RunContext) -> None:

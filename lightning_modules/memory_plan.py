@@ -10,16 +10,30 @@ Bytes per parameter per device, the model sharded over ``shards`` devices (FSDP)
 (one device, DDP): weights and gradients in the parameters' dtype (fp32, or bf16 under
 ``bf16-true``), AdamW's two moments in the same dtype (Muon's momentum: one).
 
-Activations per token of one micro-batch, in the compute dtype (2 bytes under bf16),
-counting what backward keeps of one Llama block (d = d_model, k = kv width, h = MLP
-hidden): the two norms' inputs and outputs (4d), q, k, v (d + 2k), the attention output
-(d), the MLP's gate, up, SiLU and product (4h) and the residual (d) -- 6d + 2k + 5h in
-total with the down projection's input counted in the product. Checkpointing keeps each
-block's input instead (``full``: d) or drops the MLP's part (``mlp``: 6d + 2k), plus one
-block's activations being recomputed; with ``checkpoint_every`` n, only the blocks 0, n,
-2n, ... are checkpointed and the others keep everything. The loss adds the fp32 logits and their gradient
-(``plain``: 10 bytes per vocabulary entry: bf16 logits, fp32 copy and gradient) or a
-chunk's worth (``chunked``, ``liger``).
+Activations per token of one micro-batch: what autograd saves of one Llama block, as
+measured (``tests/test_memory_plan.py`` counts the saved tensors of a block; the rotary
+tables, the norms' statistics and attention's log-sum-exp, a few percent at small widths,
+are left out). With d = d_model, h = MLP hidden, c the compute dtype's bytes and r the
+residual stream's (4 under 32-true and under autocast over fp32 weights, which is
+bf16-mixed without FSDP; 2 under bf16-true and FSDP's bf16-mixed, which gathers bf16
+weights):
+
+- each of the two norms keeps its input in fp32 (4d) and its normalised output (rd);
+- the inputs of attention's and the MLP's first matmuls are kept whole (2cd; 5cd under
+  autocast over fp32 weights, which casts a copy for each of q, k, v, gate and up);
+- attention keeps q, k, v and its output (c(2d + 2k), k the key-value width; in fp32 the
+  key-value heads are repeated to the query heads' width, k = d), the MLP its gate, up, SiLU
+  and product (4ch).
+
+Under tensor parallelism over T ranks, attention and the MLP keep 1/T of theirs (their heads
+and hidden units are split); the norms keep 1/T only with sequence parallelism, and the
+matmuls' inputs stay whole either way (PyTorch's sequence parallelism saves the gathered
+input). Checkpointing keeps each block's input instead (``full``: rd, 1/T under sequence
+parallelism) or drops the MLP's part (``mlp``), plus one block's activations being
+recomputed; with ``checkpoint_every`` n, only the blocks 0, n, 2n, ... are checkpointed and
+the others keep everything. The loss adds the fp32 logits and their gradient (``plain``: 10
+bytes per vocabulary entry, 1/T of the vocabulary under tensor parallelism, whose loss is
+taken on the split logits) or a chunk's worth (``chunked``, ``liger``).
 """
 
 from dataclasses import dataclass
@@ -55,18 +69,65 @@ class MemoryPlan:
         return f"{states} = {self.states / GIB:.1f} GiB, + activations about {self.activations / GIB:.1f} GiB = {self.total / GIB:.1f} GiB"
 
 
+@dataclass(frozen=True)
+class ActivationLayout:
+    """How a micro-batch's activations are kept: their dtypes and the tensor-parallel split."""
+
+    compute_bytes: int
+    residual_bytes: int
+    #: autocast over fp32 weights (bf16-mixed without FSDP): each matmul casts its own copy of its input
+    casts_inputs: bool = False
+    tensor_parallel: int = 1
+    sequence_parallel: bool = False
+
+    @classmethod
+    def of(
+        cls, precision: str, sharded: bool = False, tensor_parallel: int = 1, sequence_parallel: bool = False
+    ) -> "ActivationLayout":
+        """The layout of a Lightning ``precision``; ``sharded``: FSDP, whose bf16-mixed policy
+        gathers the weights in bf16, so the residual stream is bf16 as under bf16-true."""
+        autocast_over_fp32 = precision == "bf16-mixed" and not sharded
+        return cls(
+            compute_bytes=2 if "bf16" in precision else 4,
+            residual_bytes=4 if precision == "32-true" or autocast_over_fp32 else 2,
+            casts_inputs=autocast_over_fp32,
+            tensor_parallel=tensor_parallel,
+            sequence_parallel=sequence_parallel and tensor_parallel > 1,
+        )
+
+    @property
+    def sequence_shards(self) -> int:
+        return self.tensor_parallel if self.sequence_parallel else 1
+
+
+def block_activation_bytes(model: LlamaSettings, layout: ActivationLayout, checkpointing: str = "none") -> float:
+    """What backward keeps of one block per token of a micro-batch (module docstring)."""
+    d, h, c, t = model.d_model, model.mlp_hidden, layout.compute_bytes, layout.tensor_parallel
+    repeated = c == 4 and model.n_kv_heads != model.n_heads  # fp32 attention repeats the key-value heads
+    k = d if repeated else model.n_kv_heads * model.head_dim
+    norms = 2 * (4 + layout.residual_bytes) * d / layout.sequence_shards
+    matmul_inputs = (5 if layout.casts_inputs else 2) * c * d  # q, k, v, gate, up: one cast each
+    attention = c * (2 * d + 2 * k) / t
+    mlp = 4 * c * h / t
+    kept = {
+        "none": norms + matmul_inputs + attention + mlp,
+        "mlp": norms + matmul_inputs + attention,
+        "full": layout.residual_bytes * d / layout.sequence_shards,
+    }
+    return kept[checkpointing]
+
+
 def activation_bytes_per_token(
-    model: LlamaSettings, checkpointing: str, loss: str, compute_bytes: int, checkpoint_every: int = 1
+    model: LlamaSettings, checkpointing: str, loss: str, layout: ActivationLayout, checkpoint_every: int = 1
 ) -> float:
-    """What backward keeps per token of a micro-batch (module docstring)."""
-    d, k, h = model.d_model, model.n_kv_heads * model.head_dim, model.mlp_hidden
-    block = 6 * d + 2 * k + 5 * h
-    kept = {"none": block, "mlp": 6 * d + 2 * k, "full": d}[checkpointing]
+    """What backward keeps per token of a micro-batch, over the whole model (module docstring)."""
+    block = block_activation_bytes(model, layout)
+    kept = block_activation_bytes(model, layout, checkpointing)
     recomputed = 0 if checkpointing == "none" else block
     checkpointed = -(-model.n_layers // checkpoint_every)  # blocks 0, n, 2n and so on: ceil(n_layers / n)
     blocks = checkpointed * kept + (model.n_layers - checkpointed) * block
-    head = 10 * model.vocab_size if loss == "plain" else 4 * d
-    return compute_bytes * (blocks + recomputed) + head
+    head = 10 * model.vocab_size / layout.tensor_parallel if loss == "plain" else 4 * model.d_model
+    return blocks + recomputed + head
 
 
 def memory_plan(
@@ -80,10 +141,14 @@ def memory_plan(
     checkpointing: str,
     loss: str,
     checkpoint_every: int = 1,
+    fsdp: bool = False,
+    tensor_parallel: int = 1,
+    sequence_parallel: bool = False,
 ) -> MemoryPlan:
-    """The plan of one device of a run (``shards``: devices the weights are split over)."""
+    """The plan of one device of a run (``shards``: devices the weights are split over, data
+    and tensor parallel together; ``fsdp``: sharded by FSDP, whose bf16-mixed is bf16 weights)."""
     weight_bytes = 2 if precision == "bf16-true" else 4
-    compute_bytes = 2 if "bf16" in precision else 4
+    layout = ActivationLayout.of(precision, fsdp, tensor_parallel, sequence_parallel)
     per_device = count_parameters(model, include_embedding=True) / shards
     return MemoryPlan(
         parameters=per_device * weight_bytes,
@@ -91,7 +156,7 @@ def memory_plan(
         optimizer=per_device * weight_bytes * OPTIMIZER_STATES.get(optimizer, 2),
         activations=micro_batch
         * seq_len
-        * activation_bytes_per_token(model, checkpointing, loss, compute_bytes, checkpoint_every),
+        * activation_bytes_per_token(model, checkpointing, loss, layout, checkpoint_every),
     )
 
 

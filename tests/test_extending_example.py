@@ -50,11 +50,12 @@ def test_every_nth_block_is_checkpointed_and_the_gradients_are_the_plain_ones(mo
 
 @pytest.mark.parametrize("every", [1, 2, 3, 5])
 def test_the_memory_plan_counts_the_blocks_in_between_in_full(every):
-    """Block by block in float64: a checkpointed block keeps its input, the others everything."""
-    d, k, h = CONFIG.d_model, CONFIG.n_kv_heads * CONFIG.head_dim, CONFIG.mlp_hidden
-    whole = 6 * d + 2 * k + 5 * h
-    kept = sum(float(d if index % every == 0 else whole) for index in range(CONFIG.n_layers))
-    expected = 8 * 16 * (4 * (kept + whole) + 4 * d)  # fp32 compute, one recomputed block, the chunked loss
+    """Block by block, in bytes: a checkpointed block keeps its fp32 input, the others everything."""
+    d, h = CONFIG.d_model, CONFIG.mlp_hidden
+    k = d  # fp32 attention repeats the key-value heads to the query heads' width
+    whole = 2 * (4 + 4) * d + 2 * 4 * d + 4 * (2 * d + 2 * k) + 4 * 4 * h  # norms, matmul inputs, attention, MLP
+    kept = sum(float(4 * d if index % every == 0 else whole) for index in range(CONFIG.n_layers))
+    expected = 8 * 16 * (kept + whole + 4 * d)  # one recomputed block, the chunked loss
     plan = memory_plan(
         CONFIG,
         precision="32-true",

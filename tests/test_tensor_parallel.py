@@ -29,12 +29,17 @@ def row_log(run_dir: Path) -> list[str]:
     return ["+callbacks.row_log._target_=benchmarks.row_log.RowLog", f"+callbacks.row_log.path={run_dir / 'rows'}"]
 
 
-def logged(run_dir: Path) -> dict[int, tuple[float, float, float]]:
-    """(train/loss, train/grad_norm, train/sequences_seen) by step."""
+COMPARED = ("train/loss", "train/grad_norm", "train/sequences_seen")
+
+
+def logged(run_dir: Path) -> dict[int, dict[str, float]]:
+    """Each step's loss, gradient norm, sequences seen and adaptive-batch statistics."""
     with open(run_dir / "csv" / "metrics.csv") as file:
         rows = [row for row in csv.DictReader(file) if row.get("train/loss")]
     return {
-        int(row["step"]): (float(row["train/loss"]), float(row["train/grad_norm"]), float(row["train/sequences_seen"]))
+        int(row["step"]): {
+            name: float(value) for name, value in row.items() if value and name.startswith(COMPARED + ("adaptive_bs/",))
+        }
         for row in rows
     }
 
@@ -44,7 +49,7 @@ def one_process(tmp_path_factory):
     """The one-process run of a set of overrides (run once per set): its steps and rows."""
     runs: dict[tuple[str, ...], tuple[dict, dict]] = {}
 
-    def run(extra: tuple[str, ...]) -> tuple[dict[int, tuple[float, float, float]], dict[int, list[str]]]:
+    def run(extra: tuple[str, ...]) -> tuple[dict[int, dict[str, float]], dict[int, list[str]]]:
         if extra not in runs:
             run_dir = tmp_path_factory.mktemp("one")
             result = run_train(
@@ -61,6 +66,9 @@ def one_process(tmp_path_factory):
 # checkpointing once each under T = 2.
 MUON = ("optimizer=muon",)
 CHECKPOINTING = ("layout.activation_checkpointing=full",)
+# The adaptive batch's augmented inner-product test (its norm-test, inner-product and
+# orthogonality statistics, summed over the split matrices' shards), growing the batch.
+ADAPTIVE_BATCH = ("+experiment=adaptive_bs", "technique.adaptive_batch.test=augmented_inner_product")
 # Sequence-length warmup from 8 to 32 tokens over the ten steps (lengths of 8, 16, 24, 32).
 SEQ_LEN_WARMUP = (
     "+technique=seq_len_warmup",
@@ -98,6 +106,11 @@ SEQ_LEN_WARMUP = (
             SEQ_LEN_WARMUP,
             "1 data-parallel x 2 tensor-parallel ranks, with sequence",
         ),
+        (
+            ["trainer.devices=2", "strategy.tensor_parallel_size=2"],
+            ADAPTIVE_BATCH,
+            "1 data-parallel x 2 tensor-parallel ranks, with sequence",
+        ),
     ],
     ids=[
         "T2",
@@ -106,6 +119,7 @@ SEQ_LEN_WARMUP = (
         "T2_muon",
         "T2_checkpointing",
         "T2_seq_len_warmup",
+        "T2_adaptive_batch",
     ],
 )
 def test_a_tensor_parallel_run_takes_one_process_s_steps(layout, extra, line, one_process, tmp_path, tmp_path_factory):
@@ -125,11 +139,9 @@ def test_a_tensor_parallel_run_takes_one_process_s_steps(layout, extra, line, on
     assert rows_by_step(run_dir / "rows") == reference_rows
     steps = logged(run_dir)
     assert steps.keys() == reference_steps.keys() and len(steps) == 10
-    for step, (loss, grad_norm, sequences) in steps.items():
-        reference = reference_steps[step]
-        assert loss == pytest.approx(reference[0], rel=1e-5), step
-        assert grad_norm == pytest.approx(reference[1], rel=1e-5), step
-        assert sequences == reference[2]
+    for step, metrics in steps.items():
+        assert metrics.keys() == reference_steps[step].keys()
+        assert metrics == pytest.approx(reference_steps[step], rel=1e-5), step
 
 
 TP2 = ["strategy=fsdp2", "trainer.accelerator=cpu", "trainer.devices=2", "strategy.tensor_parallel_size=2"]

@@ -9,9 +9,9 @@ from typing import TYPE_CHECKING, ClassVar
 
 from callbacks.batch_size.lr_scaling import LRScaling, check_lr_scaling, lr_scaling_for
 from callbacks.batch_size.noise_tests import TESTS
-from callbacks.technique import TechniqueSettings, refuse_tensor_parallel
-from settings.run_context import RunContext
+from callbacks.technique import TechniqueSettings
 from common.errors import ConfigError
+from settings.run_context import RunContext
 
 if TYPE_CHECKING:
     from callbacks.batch_size.adaptive import AdaptiveBatchSize
@@ -85,9 +85,6 @@ class AdaptiveBatchSettings(TechniqueSettings):
         return 2 if self.sample_kind(run.strategy) == "micro_batch" else 1
 
     def check(self, run: RunContext) -> None:
-        refuse_tensor_parallel(
-            self.key, run, "its per-sequence gradient sums would count each rank's slice of a matrix as a sample"
-        )
         kind = self.sample_kind(run.strategy)
         batch = run.global_batch()
         if batch is None:
