@@ -8,6 +8,10 @@ over the timed steps; the plain loop times the same steps with ``time.perf_count
 a device sync.
 """
 
+import csv
+import subprocess
+import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,29 +32,31 @@ from settings.run_settings import RunSettings
 REPO = Path(__file__).resolve().parents[1]
 
 
+def timed_overrides(steps: int, warmup: int) -> list[str]:
+    """A timed run: ``warmup`` untimed steps, then ``steps`` timed ones, logged once at the
+    end; no checkpoints, no validation, no optimizer statistics."""
+    return [
+        "~callbacks.model_checkpoint",
+        "~callbacks.last_checkpoint",
+        "~callbacks.optimizer_stats",
+        "~callbacks.progress_bar",
+        "trainer.enable_checkpointing=false",
+        "+trainer.enable_progress_bar=false",
+        "trainer.num_sanity_val_steps=0",
+        "+trainer.limit_val_batches=0",
+        f"trainer.max_steps={warmup + steps}",
+        f"trainer.log_every_n_steps={warmup + steps}",
+        "callbacks.validation_schedule.every_n_steps=1000000",
+        f"callbacks.throughput.warmup_steps={warmup}",
+    ]
+
+
 def benchmark_settings(overrides: list[str], steps: int, warmup: int) -> RunSettings:
-    """The run's settings for a timed run: ``warmup`` untimed steps, then ``steps`` timed ones,
-    logged once at the end; no checkpoints, no validation, no optimizer statistics."""
+    """The run's settings for a timed run (``timed_overrides``), trained in this process."""
     with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
         cfg = compose(
             "train",
-            overrides=[
-                "logger=none",
-                "paths.run_dir=/tmp/benchmark",
-                "~callbacks.model_checkpoint",
-                "~callbacks.last_checkpoint",
-                "~callbacks.optimizer_stats",
-                "~callbacks.progress_bar",
-                "trainer.enable_checkpointing=false",
-                "+trainer.enable_progress_bar=false",
-                "trainer.num_sanity_val_steps=0",
-                "+trainer.limit_val_batches=0",
-                f"trainer.max_steps={warmup + steps}",
-                f"trainer.log_every_n_steps={warmup + steps}",
-                "callbacks.validation_schedule.every_n_steps=1000000",
-                f"callbacks.throughput.warmup_steps={warmup}",
-                *overrides,
-            ],
+            overrides=["logger=none", "paths.run_dir=/tmp/benchmark", *timed_overrides(steps, warmup), *overrides],
         )
     return read_settings(cfg)
 
@@ -82,6 +88,33 @@ def framework_run(settings: RunSettings) -> Measured:
         hfu=logger.last("perf/hfu"),
         peak_memory_gb=logger.last("perf/peak_memory_gb"),
         losses=logger.series("train/loss"),
+    )
+
+
+def processes_run(overrides: list[str], steps: int, warmup: int) -> Measured:
+    """Train a timed run as a fresh ``train.py`` (with its own processes: ``trainer.devices``
+    of them, for layouts one process cannot hold) and read what it logged."""
+    with tempfile.TemporaryDirectory(prefix="benchmark_run_") as folder:
+        command = [sys.executable, str(REPO / "train.py"), "logger=csv", f"hydra.run.dir={folder}"]
+        result = subprocess.run(
+            [*command, *timed_overrides(steps, warmup), *overrides], cwd=REPO, capture_output=True, text=True
+        )
+        if result.returncode != 0:
+            lines = [line for line in result.stderr.splitlines() if line.strip()]
+            raise RuntimeError(f"train.py exited {result.returncode}: {lines[-1] if lines else 'no output'}")
+        with open(Path(folder) / "csv" / "metrics.csv") as file:
+            rows = list(csv.DictReader(file))
+
+    def last(name: str) -> float | None:
+        values = [float(row[name]) for row in rows if row.get(name)]
+        return values[-1] if values else None
+
+    return Measured(
+        tokens_per_sec=last("perf/tokens_per_sec"),
+        mfu=last("perf/mfu"),
+        hfu=last("perf/hfu"),
+        peak_memory_gb=last("perf/peak_memory_gb"),
+        losses={int(row["step"]): float(row["train/loss"]) for row in rows if row.get("train/loss")},
     )
 
 

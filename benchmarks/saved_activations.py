@@ -57,8 +57,9 @@ def block_bytes_per_token(
     sequence_parallel: bool = False,
 ) -> float:
     """What one block of a ``config`` Llama saves per token of a micro-batch, under
-    ``precision`` (a Lightning precision string), sharded by FSDP2 over ``data_parallel`` and
-    split over ``tensor_parallel`` when given (as ``parallelism.apply_layout`` lays it out).
+    ``precision`` (a Lightning precision string), sharded by FSDP2 over ``data_parallel`` (with
+    its bf16 mixed-precision policy under bf16-mixed) and split over ``tensor_parallel`` when
+    given (as ``parallelism.apply_layout`` lays it out).
 
     Measured at 2 and 4 rows of 32 tokens, the difference per token: what does not grow with
     the batch (autocast's and FSDP2's bf16 copies of the weights) drops out."""

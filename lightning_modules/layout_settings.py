@@ -122,6 +122,13 @@ class LayoutSettings(Section):
         self._check_liger_available()
         self._check_device_memory(run)
 
+    def gathers_bf16_weights(self, run: RunContext) -> bool:
+        """Whether a mixed-precision policy computes with bf16 copies of the weights: FSDP1
+        under a bf16 precision (Lightning's policy), FSDP2 with ``fsdp_mixed_precision``."""
+        if run.strategy == "fsdp":
+            return "bf16" in run.precision
+        return run.strategy == "fsdp2" and self.fsdp_mixed_precision
+
     def memory_plan(self, run: RunContext) -> MemoryPlan:
         """One device's memory on paper (``memory_plan.py``), the weights sharded over every
         process under FSDP (services phase: the model's vocabulary comes from the tokenizer)."""
@@ -131,7 +138,7 @@ class LayoutSettings(Section):
             precision=run.precision,
             optimizer=run.optimizer,
             shards=run.world_size if fsdp and run.world_size else 1,
-            fsdp=fsdp,
+            bf16_weights=self.gathers_bf16_weights(run),
             micro_batch=run.micro_batch_size,
             seq_len=run.seq_len,
             checkpointing=self.activation_checkpointing,

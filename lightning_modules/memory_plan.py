@@ -15,8 +15,8 @@ measured (``tests/test_memory_plan.py`` counts the saved tensors of a block; the
 tables, the norms' statistics and attention's log-sum-exp, a few percent at small widths,
 are left out). With d = d_model, h = MLP hidden, c the compute dtype's bytes and r the
 residual stream's (4 under 32-true and under autocast over fp32 weights, which is
-bf16-mixed without FSDP; 2 under bf16-true and FSDP's bf16-mixed, which gathers bf16
-weights):
+bf16-mixed unless a mixed-precision policy gathers bf16 weights; 2 under bf16-true and
+under such a policy: FSDP1's bf16-mixed, FSDP2 with ``layout.fsdp_mixed_precision``):
 
 - each of the two norms keeps its input in fp32 (4d) and its normalised output (rd);
 - the inputs of attention's and the MLP's first matmuls are kept whole (2cd; 5cd under
@@ -82,14 +82,16 @@ class ActivationLayout:
 
     @classmethod
     def of(
-        cls, precision: str, sharded: bool = False, tensor_parallel: int = 1, sequence_parallel: bool = False
+        cls, precision: str, bf16_weights: bool = False, tensor_parallel: int = 1, sequence_parallel: bool = False
     ) -> "ActivationLayout":
-        """The layout of a Lightning ``precision``; ``sharded``: FSDP, whose bf16-mixed policy
-        gathers the weights in bf16, so the residual stream is bf16 as under bf16-true."""
-        autocast_over_fp32 = precision == "bf16-mixed" and not sharded
+        """The layout of a Lightning ``precision``; ``bf16_weights``: an FSDP mixed-precision
+        policy gathers the weights in bf16 (FSDP1 under bf16-mixed, FSDP2 with
+        ``layout.fsdp_mixed_precision``), so the residual stream is bf16 as under bf16-true."""
+        autocast_over_fp32 = precision == "bf16-mixed" and not bf16_weights
+        fp32 = precision == "32-true" and not bf16_weights
         return cls(
-            compute_bytes=2 if "bf16" in precision else 4,
-            residual_bytes=4 if precision == "32-true" or autocast_over_fp32 else 2,
+            compute_bytes=4 if fp32 else 2,
+            residual_bytes=4 if fp32 or autocast_over_fp32 else 2,
             casts_inputs=autocast_over_fp32,
             tensor_parallel=tensor_parallel,
             sequence_parallel=sequence_parallel and tensor_parallel > 1,
@@ -141,14 +143,14 @@ def memory_plan(
     checkpointing: str,
     loss: str,
     checkpoint_every: int = 1,
-    fsdp: bool = False,
+    bf16_weights: bool = False,
     tensor_parallel: int = 1,
     sequence_parallel: bool = False,
 ) -> MemoryPlan:
     """The plan of one device of a run (``shards``: devices the weights are split over, data
-    and tensor parallel together; ``fsdp``: sharded by FSDP, whose bf16-mixed is bf16 weights)."""
+    and tensor parallel together; ``bf16_weights``: see ``ActivationLayout.of``)."""
     weight_bytes = 2 if precision == "bf16-true" else 4
-    layout = ActivationLayout.of(precision, fsdp, tensor_parallel, sequence_parallel)
+    layout = ActivationLayout.of(precision, bf16_weights, tensor_parallel, sequence_parallel)
     per_device = count_parameters(model, include_embedding=True) / shards
     return MemoryPlan(
         parameters=per_device * weight_bytes,

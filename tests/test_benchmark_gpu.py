@@ -13,6 +13,7 @@ from packaging.requirements import Requirement
 
 from benchmarks.gpu import cli as gpu_cli
 from benchmarks.gpu.graph_count import GraphCounts, compiled_graphs
+from benchmarks.gpu.sections import tensor_parallel as tensor_parallel_section
 from tests.run_helpers import REPO
 
 WHEELS = REPO / "scripts" / "gpu_wheels.txt"
@@ -75,12 +76,12 @@ def requirement_names(requirements: list[str]) -> set[str]:
 
 @pytest.fixture(scope="module")
 def quick_report(tmp_path_factory):
-    """One --quick run of the techniques and overhead sections (2 + 2 steps per run)."""
+    """One --quick run of the techniques, overhead and tensor-parallel sections (2 + 2 steps per run)."""
     root = tmp_path_factory.mktemp("benchmark_gpu")
     arguments = [
         "--quick",
         "--sections",
-        "techniques,overhead",
+        "techniques,overhead,tensor_parallel",
         "--out",
         str(root / "out"),
         "--cache-dir",
@@ -110,8 +111,22 @@ def test_quick_mode_writes_a_table_and_json_with_every_row(quick_report):
     (overhead,) = data["sections"]["overhead"]
     assert overhead["ratio"] == pytest.approx(overhead["framework_tokens_per_sec"] / overhead["plain_tokens_per_sec"])
     assert "| tiny |" in text and "framework / plain" in text
-    # 7 runs, not 8: the four measured rows share their constant-batch baseline
-    assert len(data["runs"]) == 7 and all(run["status"] == "ok" for run in data["runs"])
+    # 7 runs, not 8: the four measured rows share their constant-batch baseline; then 2 tensor-parallel ones
+    assert len(data["runs"]) == 7 + 2 and all(run["status"] == "ok" for run in data["runs"])
+
+
+def test_quick_mode_splits_the_model_over_two_processes_and_plans_each_ones_share(quick_report):
+    data, _ = quick_report
+    one, two = data["sections"]["tensor_parallel"]
+    assert (one["tensor_parallel"], two["tensor_parallel"]) == (1, 2)
+    assert one["status"] == two["status"] == "ok" and one["tokens_per_sec"] > 0 and two["tokens_per_sec"] > 0
+    assert two["plan_states_gib"] == pytest.approx(one["plan_states_gib"] / 2)
+    assert two["plan_activations_gib"] < one["plan_activations_gib"]
+    # a fresh train.py per layout, both training the same model on the same rows
+    runs = [run for run in data["runs"] if run["label"].startswith("tp:")]
+    assert [run["loop"] for run in runs] == ["processes", "processes"]
+    (last,) = runs[0]["losses"]
+    assert runs[1]["losses"][last] == pytest.approx(runs[0]["losses"][last], rel=1e-5)
 
 
 def test_diloco_at_the_experiments_h_spreads_the_measured_outer_step_over_h_steps(quick_report):
@@ -129,7 +144,8 @@ def test_quick_mode_counts_graphs_over_the_length_curriculum(quick_report):
     assert len(counts.steps) == 4 and counts.after_first_length() == 0  # --quick does not compile
 
 
-def test_runs_that_would_pass_the_budget_are_reported_as_skipped(tmp_path):
+def test_runs_that_would_pass_the_budget_are_reported_as_skipped(tmp_path, monkeypatch):
+    monkeypatch.setattr(tensor_parallel_section, "devices_here", lambda device: 1)
     gpu_cli.main(["--quick", "--budget-seconds", "0", "--out", str(tmp_path)])
     data = json.loads((tmp_path / "benchmark_gpu.json").read_text())
     assert list(data["sections"]) == [
@@ -143,6 +159,12 @@ def test_runs_that_would_pass_the_budget_are_reported_as_skipped(tmp_path):
         "float8_losses",
         "norm_test",
         "large_model",
+        "tensor_parallel",
+    ]
+    # a layout needing more devices than the machine has is not started, whatever the budget
+    assert [row["status"] for row in data["sections"]["tensor_parallel"]] == [
+        "skipped (time budget)",
+        "needs 2 devices (this machine has 1)",
     ]
     assert len(data["sections"]["layouts"]) == 2 * 3 * 2 + 2 * 2  # the grid, then two layouts per smaller model
     kernels = data["sections"]["kernels"]

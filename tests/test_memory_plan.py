@@ -110,7 +110,7 @@ def test_a_blocks_activations_are_what_autograd_saves(precision):
 @pytest.mark.parametrize(
     ("precision", "data_parallel", "tensor_parallel", "sequence_parallel"),
     [
-        ("bf16-mixed", 2, 1, False),  # FSDP2 gathers bf16 weights: a bf16 residual stream
+        ("bf16-mixed", 2, 1, False),  # FSDP2's mixed-precision policy gathers bf16 weights: a bf16 residual stream
         ("32-true", 1, 2, False),
         ("32-true", 1, 2, True),
         ("bf16-mixed", 1, 2, True),
@@ -120,14 +120,16 @@ def test_a_split_blocks_activations_per_rank_are_what_autograd_saves(
     precision, data_parallel, tensor_parallel, sequence_parallel
 ):
     measured = block_bytes_per_token_on_ranks(SMALL, precision, data_parallel, tensor_parallel, sequence_parallel)
-    planned = block_activation_bytes(SMALL, ActivationLayout.of(precision, True, tensor_parallel, sequence_parallel))
+    bf16_weights = precision == "bf16-mixed"  # the helper's FSDP2 takes its mixed-precision policy then
+    layout = ActivationLayout.of(precision, bf16_weights, tensor_parallel, sequence_parallel)
+    planned = block_activation_bytes(SMALL, layout)
     for rank_bytes in measured:
         assert planned == pytest.approx(rank_bytes, rel=PLAN_TOLERANCE)
         assert planned <= rank_bytes
 
 
 def test_tensor_and_sequence_parallelism_divide_llama2_7b_activations_as_counted_by_hand():
-    """T = 8 under FSDP's bf16-mixed (r = 2): without sequence parallelism the norms stay whole."""
+    """T = 8 under FSDP2's bf16 weights (r = 2): without sequence parallelism the norms stay whole."""
     d, h = 4096, 11008
     split = 2 * (2 * d + 2 * d) + 2 * 4 * h  # attention's q, k, v, output; the MLP's four tensors
     norms = 2 * (4 + 2) * d
@@ -141,7 +143,7 @@ def test_tensor_and_sequence_parallelism_divide_llama2_7b_activations_as_counted
         precision="bf16-mixed",
         optimizer="adamw",
         shards=8,
-        fsdp=True,
+        bf16_weights=True,
         micro_batch=1,
         seq_len=4096,
         checkpointing="none",

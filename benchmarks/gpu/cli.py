@@ -18,6 +18,7 @@ from benchmarks.gpu.sections import (
     norm_test,
     overhead,
     techniques,
+    tensor_parallel,
 )
 from benchmarks.gpu.suite import Suite
 from benchmarks.gpu.tables import Table
@@ -33,6 +34,7 @@ SECTION_RUNNERS: dict[str, Callable[[Suite], Table]] = {
     "float8_losses": float8.float8_losses,
     "norm_test": norm_test.norm_test,
     "large_model": large_model.large_model,
+    "tensor_parallel": tensor_parallel.tensor_parallel,
 }
 SECTIONS = tuple(SECTION_RUNNERS)
 # Each section's share of the time budget: its time on an H100 as a fraction of a 540 s call
@@ -49,6 +51,7 @@ SHARES = {
     "float8_losses": 0.1,
     "norm_test": 0.19,
     "large_model": 0.22,
+    "tensor_parallel": 0.3,
 }
 
 

@@ -27,6 +27,9 @@ class Plan:
     ``float8_loss_steps`` is the length of the float8-against-bf16 loss comparison.
     ``large_model`` at ``large_seq_len`` is the single-device fit (Llama-2-7B at 4096 tokens
     on the GPU), in micro-batches of each of ``large_micro_batches``.
+    ``tp_models`` at ``tp_seq_len`` are split over each of ``tp_sizes`` devices (tensor
+    parallelism, one data-parallel group), in micro-batches of each of ``tp_micro_batches``,
+    under each of ``tp_checkpointing``.
     """
 
     name: str
@@ -52,6 +55,11 @@ class Plan:
     large_model: str
     large_seq_len: int
     large_micro_batches: tuple[int, ...]
+    tp_models: tuple[str, ...]
+    tp_seq_len: int
+    tp_sizes: tuple[int, ...]
+    tp_micro_batches: tuple[int, ...]
+    tp_checkpointing: tuple[str, ...]
     run_seconds: float
     compile_seconds: float
 
@@ -102,6 +110,11 @@ def gpu_plan() -> Plan:
         large_model="llama2_7b",
         large_seq_len=4096,
         large_micro_batches=(2, 1),
+        tp_models=("llama2_7b", "llama2_13b"),
+        tp_seq_len=2048,
+        tp_sizes=(1, 2, 4, 8),
+        tp_micro_batches=(1, 2),
+        tp_checkpointing=("full", "none"),
         run_seconds=15.0,
         compile_seconds=25.0,
     )
@@ -140,6 +153,11 @@ def quick_plan() -> Plan:
         large_model="tiny",
         large_seq_len=128,
         large_micro_batches=(2, 1),
+        tp_models=("tiny",),
+        tp_seq_len=64,
+        tp_sizes=(1, 2),
+        tp_micro_batches=(2,),
+        tp_checkpointing=("none",),
         run_seconds=5.0,
         compile_seconds=25.0,
     )

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 import torch
 import torch._dynamo
 
-from benchmarks.loops import benchmark_settings, framework_run, plain_tokens_per_sec
+from benchmarks.loops import benchmark_settings, framework_run, plain_tokens_per_sec, processes_run
 
 
 @dataclass
@@ -69,7 +69,9 @@ def measure(result: RunResult, every_step: bool) -> None:
         if result.loop == "plain":
             result.tokens_per_sec = plain_tokens_per_sec(settings, result.steps, result.warmup)
         else:
-            measured = framework_run(settings)
+            # "processes": a fresh train.py with its own processes, one per device of the layout
+            processes = result.loop == "processes"
+            measured = processes_run(overrides, result.steps, result.warmup) if processes else framework_run(settings)
             for name in ("tokens_per_sec", "mfu", "hfu", "peak_memory_gb", "losses"):
                 setattr(result, name, getattr(measured, name))
             if measured.tokens_per_sec is None:
