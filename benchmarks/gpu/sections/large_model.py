@@ -13,8 +13,13 @@ from benchmarks.gpu.suite import Suite
 from benchmarks.gpu.tables import MFU, PEAK, STATUS, TOKENS, Column, Table
 from benchmarks.loops import benchmark_settings
 from launch.builders import build_datamodule
-from lightning_modules.memory_plan import GIB, MemoryPlan
+from lightning_modules.memory_plan import GIB
 
+PLAN_COLUMNS = [
+    Column("plan_states_gib", "plan: weights + grads + AdamW GiB", lambda v: f"{v:.1f}"),
+    Column("plan_activations_gib", "plan: activations GiB", lambda v: f"{v:.1f}"),
+    Column("plan_total_gib", "plan: total GiB", lambda v: f"{v:.1f}"),
+]
 LARGE_COLUMNS = [
     Column("model", "model"),
     Column("seq_len", "tokens"),
@@ -22,20 +27,24 @@ LARGE_COLUMNS = [
     Column("global_batch", "global batch"),
     TOKENS,
     MFU,
-    Column("plan_states_gib", "plan: weights + grads + AdamW GiB", lambda v: f"{v:.1f}"),
-    Column("plan_activations_gib", "plan: activations GiB", lambda v: f"{v:.1f}"),
-    Column("plan_total_gib", "plan: total GiB", lambda v: f"{v:.1f}"),
+    *PLAN_COLUMNS,
     PEAK,
     STATUS,
 ]
 ACCUMULATION = 2  # micro-batches per step: the step's fixed costs (optimizer, gathers) shared by two
 
 
-def planned(overrides: list[str]) -> MemoryPlan:
-    """The run's memory plan, from its settings, as the run itself computes it."""
+def planned(overrides: list[str]) -> dict[str, float]:
+    """The run's memory plan per device (``PLAN_COLUMNS``), from its settings, as the run
+    itself computes it."""
     settings = benchmark_settings(overrides, 1, 0)
     datamodule = build_datamodule(settings)
-    return settings.layout.memory_plan(settings.services_run(lambda: datamodule.vocab_size))
+    memory = settings.layout.memory_plan(settings.services_run(lambda: datamodule.vocab_size))
+    return {
+        "plan_states_gib": memory.states / GIB,
+        "plan_activations_gib": memory.activations / GIB,
+        "plan_total_gib": memory.total / GIB,
+    }
 
 
 def large_model(suite: Suite) -> Table:
@@ -55,7 +64,6 @@ def large_model(suite: Suite) -> Table:
             *plan.work_kernels,
             seq_len=plan.large_seq_len,
         )
-        memory = planned(overrides)
         run = suite.run(f"large model: {plan.large_model} micro {micro}", overrides, args.steps, args.warmup)
         rows.append(
             {
@@ -65,9 +73,7 @@ def large_model(suite: Suite) -> Table:
                 "global_batch": batch,
                 "tokens_per_sec": run.tokens_per_sec,
                 "mfu": run.mfu,
-                "plan_states_gib": memory.states / GIB,
-                "plan_activations_gib": memory.activations / GIB,
-                "plan_total_gib": memory.total / GIB,
+                **planned(overrides),
                 "peak_memory_gb": run.peak_memory_gb,
                 "status": run.status,
             }

@@ -13,11 +13,10 @@ from typing import Any
 
 import torch
 
-from benchmarks.gpu.sections.large_model import planned
+from benchmarks.gpu.sections.large_model import ACCUMULATION, PLAN_COLUMNS, planned
 from benchmarks.gpu.suite import Suite
 from benchmarks.gpu.tables import MFU, PEAK, STATUS, TOKENS, Column, Table
 
-ACCUMULATION = 2  # micro-batches per step, as the large-model section
 TP_COLUMNS = [
     Column("model", "model"),
     Column("tensor_parallel", "T"),
@@ -25,8 +24,7 @@ TP_COLUMNS = [
     Column("checkpointing", "checkpointing"),
     TOKENS,
     MFU,
-    Column("plan_states_gib", "plan: weights + grads + AdamW GiB", lambda v: f"{v:.1f}"),
-    Column("plan_activations_gib", "plan: activations GiB", lambda v: f"{v:.1f}"),
+    *PLAN_COLUMNS,
     PEAK,
     STATUS,
 ]
@@ -57,14 +55,12 @@ def tensor_parallel(suite: Suite) -> Table:
                         f"layout.activation_checkpointing={checkpointing}",
                         seq_len=plan.tp_seq_len,
                     )
-                    memory = planned(overrides)
                     row = {
                         "model": model,
                         "tensor_parallel": size,
                         "micro_batch": micro,
                         "checkpointing": checkpointing,
-                        "plan_states_gib": memory.states / 2**30,
-                        "plan_activations_gib": memory.activations / 2**30,
+                        **planned(overrides),
                     }
                     if size > available:
                         row["status"] = f"needs {size} devices (this machine has {available})"
