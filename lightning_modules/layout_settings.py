@@ -166,11 +166,12 @@ class LayoutSettings(Section):
                 f"layout.float8={recipe} on a CPU run needs float8 emulation: add layout.float8_emulate=true"
                 " (for tests; it is slower than fp32), or set layout.float8=none."
             )
-        model = run.model
+        model, split = run.model, run.tensor_parallel_size
+        per_rank = " per tensor-parallel rank" if split > 1 else ""  # a rank's slice of each matrix
         dims = {
-            "model.d_model": model.d_model,
-            "model.n_kv_heads x head_dim": model.n_kv_heads * model.head_dim,
-            "model.mlp_hidden": model.mlp_hidden,
+            f"model.d_model{per_rank}": model.d_model // split,
+            f"model.n_kv_heads x head_dim{per_rank}": model.n_kv_heads * model.head_dim // split,
+            f"model.mlp_hidden{per_rank}": model.mlp_hidden // split,
         }
         odd = {name: size for name, size in dims.items() if size % FLOAT8_DIM_MULTIPLE}
         if odd:
@@ -186,7 +187,6 @@ class LayoutSettings(Section):
             return
         unsupported = {
             "layout.loss": (self.loss, "plain"),
-            "layout.float8": (self.float8, "none"),
             "layout.liger_kernels": (self.liger_kernels, False),
         }
         for key, (value, needed) in unsupported.items():
