@@ -36,11 +36,12 @@ def row_log(run_dir: Path) -> list[str]:
     return ["+callbacks.row_log._target_=benchmarks.row_log.RowLog", f"+callbacks.row_log.path={run_dir / 'rows'}"]
 
 
-COMPARED = ("train/loss", "train/grad_norm", "train/sequences_seen")
+# perf/model_flops_per_token: MFU counts the whole model's FLOPs, whatever the layout.
+COMPARED = ("train/loss", "train/grad_norm", "train/sequences_seen", "perf/model_flops_per_token")
 
 
 def logged(run_dir: Path) -> dict[int, dict[str, float]]:
-    """Each step's loss, gradient norm, sequences seen and adaptive-batch statistics."""
+    """Each step's loss, gradient norm, sequences seen, FLOPs per token and adaptive-batch statistics."""
     with open(run_dir / "csv" / "metrics.csv") as file:
         rows = [row for row in csv.DictReader(file) if row.get("train/loss")]
     return {
@@ -149,6 +150,14 @@ def test_a_tensor_parallel_run_takes_one_process_s_steps(layout, extra, line, on
     for step, metrics in steps.items():
         assert metrics.keys() == reference_steps[step].keys()
         assert metrics == pytest.approx(reference_steps[step], rel=1e-5), step
+    # the global rate over every process of the layout: a tensor-parallel rank's tokens are its group's
+    with open(run_dir / "csv" / "metrics.csv") as file:
+        rates = [row for row in csv.DictReader(file) if row.get("perf/tokens_per_sec")]
+    processes = int(next(item for item in layout if item.startswith("trainer.devices=")).split("=")[1])
+    assert rates and all(
+        float(row["perf/tokens_per_sec_per_device"]) == pytest.approx(float(row["perf/tokens_per_sec"]) / processes)
+        for row in rates
+    )
 
 
 TP2 = ["strategy=fsdp2", "trainer.accelerator=cpu", "trainer.devices=2", "strategy.tensor_parallel_size=2"]
