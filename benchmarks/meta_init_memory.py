@@ -38,7 +38,7 @@ def status_bytes(field: str) -> int:
 
 def shard(model: Llama, mesh: DeviceMesh) -> None:
     """FSDP2 on every block, then the root, as the training layout does."""
-    for block in model.layers:
+    for block in model.layers.values():
         fully_shard(block, mesh=mesh)
     fully_shard(model, mesh=mesh)
 

@@ -71,7 +71,7 @@ def block_bytes_per_token(
         apply_tensor_parallel(model, tensor_parallel, sequence_parallel)
     if data_parallel is not None:
         apply_fsdp2(model, data_parallel, reshard_after_forward=True, mixed_precision=precision == "bf16-mixed")
-    block, length = model.layers[0], 32
+    block, length = model.layers["0"], 32
     shards = tensor_parallel.size() if tensor_parallel is not None and sequence_parallel else 1
     dtype = torch.bfloat16 if precision == "bf16-true" else torch.float32
 

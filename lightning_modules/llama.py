@@ -335,7 +335,9 @@ class Llama(nn.Module):
         # counts, export, meta init) must not shift the global RNG that ranks share.
         seed = None if torch.get_default_device().type == "meta" else seed_from_global_rng()
         self.tok_embeddings = nn.Embedding(config.vocab_size, config.d_model)
-        self.layers = nn.ModuleList(TransformerBlock(config) for _ in range(config.n_layers))
+        # Keyed by block index (names ``layers.0`` ... as a list's): a pipeline stage keeps its
+        # blocks under their own indices, so its parameters have the whole model's names.
+        self.layers = nn.ModuleDict({str(index): TransformerBlock(config) for index in range(config.n_layers)})
         self.norm = RMSNorm(config.d_model, config.norm_eps)
         self.output = nn.Linear(config.d_model, config.vocab_size, bias=False)
         self.tie_weights()
@@ -406,7 +408,7 @@ class Llama(nn.Module):
         cos, sin = rotary_cos_sin(position_ids, self.config.head_dim, self.config.rope_theta)
         cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)  # broadcast over heads
         h = self.tok_embeddings(input_ids)
-        for layer in self.layers:
+        for layer in self.layers.values():
             h = layer(h, cos, sin)
         h = self.norm(h)
         if labels is None or self.loss_kernel is None:  # None: tensor parallelism (a head split by vocabulary)

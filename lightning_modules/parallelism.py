@@ -46,8 +46,8 @@ def apply_activation_checkpointing(model: nn.Module, mode: str, every: int = 1) 
     """
     if mode == "none":
         return
-    for index, block in enumerate(model.layers):
-        if index % every:
+    for index, block in model.layers.items():
+        if int(index) % every:
             continue
         if mode == "full":
             model.layers[index] = checkpoint_wrapper(block)
@@ -66,7 +66,7 @@ def apply_compile(model: nn.Module, mode: str, dynamic: bool, inductor_mode: str
     """
     if dynamic:
         fx_config.use_duck_shape = False
-    modules = model.layers if mode == "blocks" else [model]
+    modules = model.layers.values() if mode == "blocks" else [model]
     for module in modules:
         module.compile(dynamic=True if dynamic else None, mode=None if inductor_mode == "default" else inductor_mode)
 
@@ -79,7 +79,7 @@ def apply_fsdp2(model: nn.Module, mesh: DeviceMesh, reshard_after_forward: bool,
     options = {"mesh": mesh, "reshard_after_forward": reshard_after_forward}
     if policy is not None:
         options["mp_policy"] = policy
-    for block in model.layers:
+    for block in model.layers.values():
         fully_shard(block, **options)
     fully_shard(model, **options)
 

@@ -58,7 +58,7 @@ def apply_tensor_parallel(model: nn.Module, mesh: DeviceMesh, sequence_parallel:
             **({"norm": SequenceParallel()} if sequence_parallel else {}),
         },
     )
-    for block in model.layers:
+    for block in model.layers.values():
         plan = {
             "attention.q_proj": ColwiseParallel(),
             "attention.k_proj": ColwiseParallel(),

@@ -160,7 +160,7 @@ def _sharded_rank(rank: int, world_size: int, init_file: str, out_dir: str) -> N
     try:
         model = tiny_model()
         mesh = init_device_mesh("cpu", (world_size,))
-        for layer in model.layers:
+        for layer in model.layers.values():
             fully_shard(layer, mesh=mesh)
         fully_shard(model, mesh=mesh)
         assert isinstance(model.tok_embeddings.weight, DTensor)  # each rank holds half of every weight

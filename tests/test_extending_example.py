@@ -37,7 +37,7 @@ def test_every_nth_block_is_checkpointed_and_the_gradients_are_the_plain_ones(mo
     )
     wrapped = [
         i
-        for i, block in enumerate(laid_out.layers)
+        for i, block in enumerate(laid_out.layers.values())
         if isinstance(block if mode == "full" else block.mlp, CheckpointWrapper)
     ]
     assert wrapped == [0, 2, 4]

@@ -151,7 +151,7 @@ def reference_attention(attention: torch.nn.Module, x: torch.Tensor, theta: floa
 def test_grouped_query_attention_matches_explicit_reference(n_kv_heads: int) -> None:
     """fp32 repeats k/v explicitly; the reference checks the head grouping."""
     model = small_model(n_kv_heads=n_kv_heads, rope_theta=500.0)
-    attention = model.layers[0].attention
+    attention = model.layers["0"].attention
     x = torch.randn(2, 9, 32)
     cos, sin = rotary_cos_sin(torch.arange(9)[None], model.config.head_dim, 500.0)
     with torch.no_grad():
@@ -214,7 +214,7 @@ def test_initialisation_statistics_and_determinism() -> None:
     config = small_config(n_layers=4, d_model=256, n_heads=4, mlp_hidden=512, vocab_size=1000, init_std=0.02)
     model = Llama(config)
     residual_std = 0.02 / math.sqrt(2 * 4)
-    block = model.layers[2]
+    block = model.layers["2"]
     for weight, std in [
         (block.attention.o_proj.weight, residual_std),
         (block.mlp.down_proj.weight, residual_std),

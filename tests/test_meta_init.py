@@ -57,7 +57,7 @@ def test_materialised_weights_have_the_documented_distribution():
         std = residual_std if name.endswith(("o_proj.weight", "down_proj.weight")) else 0.02
         assert param.std().item() == pytest.approx(std, rel=0.03), name
         assert abs(param.mean().item()) < 0.05 * std, name
-    first, second = (model.layers[i].attention.q_proj.weight.flatten() for i in (0, 1))
+    first, second = (model.layers[i].attention.q_proj.weight.flatten() for i in ("0", "1"))
     assert abs(torch.corrcoef(torch.stack((first, second)))[0, 1].item()) < 0.02
 
 
@@ -82,7 +82,7 @@ def test_meta_materialised_model_equals_one_built_whole(tie, checkpointing):
     torch.manual_seed(11)
     model = on_meta(config)
     if checkpointing:
-        for index, block in enumerate(model.layers):
+        for index, block in model.layers.items():
             model.layers[index] = checkpoint_wrapper(block)
     materialize_and_init(model, CPU, seed_from_global_rng())
     assert_same_weights(model.state_dict(), whole.state_dict())
@@ -121,9 +121,9 @@ def sharded_builds(rank: int, world_size: int, port: int, out_dir: str) -> None:
     for tie in (False, True):
         config = LlamaSettings(**{**vars(SMALL), "tie_embeddings": tie})
         model = on_meta(config)
-        for index, block in enumerate(model.layers):
+        for index, block in model.layers.items():
             model.layers[index] = checkpoint_wrapper(block)
-        for block in model.layers:
+        for block in model.layers.values():
             fully_shard(block, mesh=mesh)
         fully_shard(model, mesh=mesh)
         materialize_and_init(model, CPU, seed=5)
