@@ -402,14 +402,20 @@ class Llama(nn.Module):
         the mean next-token cross-entropy in fp32 instead, computed by ``loss_kernel``.
         The loss is taken inside ``forward`` so that a sharded model (FSDP) has the output
         projection gathered while a fused kernel uses it.
+
+        A pipeline stage (``pipeline_parallel.py``) holds only its blocks: without the
+        embedding it takes the previous stage's hidden states [b, T, d_model] in place of
+        ``input_ids``, and without the head it returns its own.
         """
+        h = input_ids if self.tok_embeddings is None else self.tok_embeddings(input_ids)
         if position_ids is None:
-            position_ids = torch.arange(input_ids.size(1), device=input_ids.device).unsqueeze(0)
+            position_ids = torch.arange(h.size(1), device=h.device).unsqueeze(0)
         cos, sin = rotary_cos_sin(position_ids, self.config.head_dim, self.config.rope_theta)
         cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)  # broadcast over heads
-        h = self.tok_embeddings(input_ids)
         for layer in self.layers.values():
             h = layer(h, cos, sin)
+        if self.output is None:
+            return h
         h = self.norm(h)
         if labels is None or self.loss_kernel is None:  # None: tensor parallelism (a head split by vocabulary)
             logits = self.output(h)
