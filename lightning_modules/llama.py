@@ -407,9 +407,9 @@ class Llama(nn.Module):
         embedding it takes the previous stage's hidden states [b, T, d_model] in place of
         ``input_ids``, and without the head it returns its own.
         """
+        if position_ids is None:  # the row's length, from the ids or a later stage's hidden states
+            position_ids = torch.arange(input_ids.size(1), device=input_ids.device).unsqueeze(0)
         h = input_ids if self.tok_embeddings is None else self.tok_embeddings(input_ids)
-        if position_ids is None:
-            position_ids = torch.arange(h.size(1), device=h.device).unsqueeze(0)
         cos, sin = rotary_cos_sin(position_ids, self.config.head_dim, self.config.rope_theta)
         cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)  # broadcast over heads
         for layer in self.layers.values():

@@ -20,6 +20,7 @@ the gradients are divided by the number of micro-batches, so the step's gradient
 mean over its micro-batches, as under gradient accumulation.
 """
 
+import itertools
 from collections.abc import Sequence
 
 import torch
@@ -39,7 +40,7 @@ def stage_blocks(n_layers: int, stages: int) -> list[range]:
     bounds = [0]
     for stage in range(stages):
         bounds.append(bounds[-1] + base + (1 if stage < extra else 0))
-    return [range(start, end) for start, end in zip(bounds, bounds[1:])]
+    return [range(start, end) for start, end in itertools.pairwise(bounds)]
 
 
 def rank_stages(rank: int, ranks: int, stages_per_rank: int) -> list[int]:

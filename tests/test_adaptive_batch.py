@@ -249,3 +249,39 @@ def test_taking_the_micro_steps_gradients_leaves_training_unchanged(test, untest
     expected = checkpoint_weights(untested_run / "checkpoints/last.ckpt")
     for name, value in checkpoint_weights(tmp_path / "tested/checkpoints/last.ckpt").items():
         assert torch.equal(value, expected[name]), name
+
+
+def statistics(run_dir: Path) -> dict[int, dict[str, float]]:
+    with open(run_dir / "csv" / "metrics.csv") as file:
+        rows = [row for row in csv.DictReader(file) if row.get("adaptive_bs/variance")]
+    return {int(row["step"]): {name: float(row[name]) for name in STATISTICS.values()} for row in rows}
+
+
+def test_read_next_step_decides_a_step_later_on_the_same_statistics_and_resumes_exactly(tmp_path, tmp_path_factory):
+    """Read a step later, step 1's statistics (logged at step 2) are those read at step 1's end,
+    and the batch they ask for arrives a step later; a run stopped with step 1's statistics
+    unread reads them after resuming, as the uninterrupted run did."""
+    cache = tmp_path_factory.getbasetemp() / "cache"
+    growing = TINY + [
+        "+experiment=adaptive_bs",
+        "technique.adaptive_batch.test=augmented_inner_product",
+        "technique.adaptive_batch.eta=0.3",
+        "batch.max_global_batch_size=40",
+        "callbacks.model_checkpoint.every_n_train_steps=1",
+        "logger=csv",
+    ]
+    now = run_train(growing + ["trainer.max_steps=2"], tmp_path / "now", cache)
+    later_overrides = growing + ["trainer.max_steps=4", "technique.adaptive_batch.read_next_step=true"]
+    later = run_train(later_overrides, tmp_path / "later", cache)
+    assert now.returncode == 0 and later.returncode == 0, (now.stderr + later.stderr)[-3000:]
+    now_sizes, later_sizes = batch_sizes(tmp_path / "now"), batch_sizes(tmp_path / "later")
+    assert now_sizes[1] == 8 and now_sizes[2] > 8, now_sizes
+    assert later_sizes[1] == later_sizes[2] == 8 and later_sizes[3] == now_sizes[2], later_sizes
+    assert statistics(tmp_path / "later")[2] == statistics(tmp_path / "now")[1]
+    assert 1 not in statistics(tmp_path / "later")
+
+    checkpoint = tmp_path / "later/checkpoints/step000001.ckpt"
+    resumed = run_train(later_overrides + [f"ckpt_path={checkpoint}"], tmp_path / "resumed", cache)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert batch_sizes(tmp_path / "resumed") == {step: size for step, size in later_sizes.items() if step > 1}
+    assert statistics(tmp_path / "resumed") == statistics(tmp_path / "later")

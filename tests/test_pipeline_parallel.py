@@ -32,7 +32,7 @@ def test_stages_in_a_chain_are_the_whole_model():
         stage = copy.deepcopy(whole)
         keep_stage(stage, blocks, first=index == 0, last=index == 2)
         stages.append(stage)
-    assert [name for name, _ in stages[1].named_parameters()][0] == "layers.2.attention_norm.weight"
+    assert next(name for name, _ in stages[1].named_parameters()) == "layers.2.attention_norm.weight"
     tokens = torch.randint(0, 64, (2, LENGTH))
     hidden = tokens
     for stage in stages:

@@ -47,6 +47,14 @@ def error_lines(stderr: str) -> list[str]:
         (["trainer.devices=2", "trainer.accelerator=cpu"], "need a distributed strategy: add strategy=ddp"),
         (["batch.micro_batch_size=3"], "batch.micro_batch_size=3 does not divide each rank's share"),
         (["+technique=diloco", "technique.diloco.replicas=0"], "technique.diloco.replicas=0"),
+        (
+            [
+                "+technique=[diloco,adaptive_batch]",
+                "batch.global_batch_size=64",
+                "technique.adaptive_batch.read_next_step=true",
+            ],
+            "technique.adaptive_batch.read_next_step=true does not compose with simulated DiLoCo replicas",
+        ),
         (["data.tokenizer.vocab_size=4096"], "data.tokenizer.vocab_size=4096 applies to kind=bpe"),
         (
             ["layout.float8=fp8"],

@@ -14,7 +14,10 @@ own share, so it is scaled by global batch / the replica's batch.
 Logged at every test (``adaptive_bs/``): the per-sequence gradient variance tr(Sigma), the
 squared gradient norm, the noise scale B_simple = tr(Sigma) / ||g||^2, the proposed and
 the applied global batch (inner-product tests add their two variances). A tested step
-reads its statistics on the host once, to decide.
+reads its statistics on the host once, to decide: at its own end, which waits for its
+backward and the sums' reductions, or, with ``read_next_step``, at the end of the next
+step, when they are long done, so no step waits (the batch then grows one step later, and
+the statistics are logged in the row of the step that read them).
 
 Memory: the norm test keeps no extra copy of the gradient; the inner-product tests with
 ``samples=micro_batch`` keep one copy of this rank's gradient shard per micro-step of the
@@ -33,6 +36,7 @@ from callbacks.batch_size.adaptive_settings import AdaptiveBatchSettings
 from callbacks.batch_size.lr_scaling import LRScaling
 from callbacks.batch_size.gradient_samples import MicroStepSamples, RankSamples
 from callbacks.batch_size.noise_tests import (
+    PendingSums,
     SampleSums,
     gradient_variance,
     inner_product_variance,
@@ -60,6 +64,8 @@ class AdaptiveBatchSize(StepCallback):
         self._testing = False
         self._proposal = 0
         self._capped = False  # the cap line is said once
+        self._unread: PendingSums | None = None  # this step's sums (read_next_step)
+        self._ready: PendingSums | None = None  # the previous tested step's, read at this step's end
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         state: TrainingState = pl_module.training_state
@@ -93,13 +99,25 @@ class AdaptiveBatchSize(StepCallback):
             self._micro.add_micro_step(batch.accumulation, last=state.is_last_micro_batch)
             if state.is_last_micro_batch:
                 sample_size = batch.micro_batch_size * state.gradient_group_size
-                self._propose(state, self._micro.finish(batch.accumulation, sample_size))
+                self._finished(state, self._micro.finish(batch.accumulation, sample_size))
         elif state.is_last_micro_batch:
             sample_size = batch.micro_batch_size * batch.accumulation
-            self._propose(state, self._ranks.finish(list(state.model.parameters()), sample_size))
+            self._finished(state, self._ranks.finish(list(state.model.parameters()), sample_size))
+
+    def _finished(self, state: TrainingState, sums: PendingSums) -> None:
+        """A tested step's sums: proposed from now, or kept to be read a step later."""
+        if self.settings.read_next_step:
+            self._unread = sums
+        else:
+            self._propose(state, sums.read())
 
     def on_step_end(self, state: TrainingState) -> None:
-        if self._testing and state.at_global_step_end:
+        if self.settings.read_next_step:
+            if self._ready is not None:
+                self._propose(state, self._ready.read())
+                self._decide(state)
+            self._ready, self._unread = self._unread, None
+        elif self._testing and state.at_global_step_end:
             self._decide(state)
 
     # ------------------------------------------------------------------ the decision
@@ -154,7 +172,15 @@ class AdaptiveBatchSize(StepCallback):
         return int(value.item())
 
     def state_dict(self) -> dict[str, Any]:
-        return {"tests_done": self.tests_done, "last": dict(self.last)}
+        """With ``read_next_step``, the sums still to be read (a resumed run reads them at the
+        end of its first step, as the run would have)."""
+        ready = self._ready
+        unread = (
+            None if ready is None else {"n": ready.n, "sample_size": ready.sample_size, "totals": ready.totals.cpu()}
+        )
+        return {"tests_done": self.tests_done, "last": dict(self.last), "unread": unread}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.tests_done, self.last = state_dict["tests_done"], dict(state_dict["last"])
+        unread = state_dict.get("unread")
+        self._ready = None if unread is None else PendingSums(**unread)

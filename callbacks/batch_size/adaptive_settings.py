@@ -33,6 +33,8 @@ class AdaptiveBatchSettings(TechniqueSettings):
         see ``gradient_samples.py``.
     lr_scaling: ``none``, ``sqrt`` or ``linear``: the learning rate follows the batch's
         growth from its starting size (``lr_scaling.py``).
+    read_next_step: read a tested step's statistics at the end of the next step, so that
+        no step waits for its own backward and reductions (the batch grows a step later).
     """
 
     key: ClassVar[str] = "technique.adaptive_batch"
@@ -47,6 +49,7 @@ class AdaptiveBatchSettings(TechniqueSettings):
     max_global_batch_size: int | None
     samples: str
     lr_scaling: str
+    read_next_step: bool
 
     def __post_init__(self) -> None:
         check_lr_scaling(self.key, self.lr_scaling)
@@ -85,6 +88,11 @@ class AdaptiveBatchSettings(TechniqueSettings):
         return 2 if self.sample_kind(run.strategy) == "micro_batch" else 1
 
     def check(self, run: RunContext) -> None:
+        if self.read_next_step and run.sequential_replicas > 1:
+            raise ConfigError(
+                f"{self.key}.read_next_step=true does not compose with simulated DiLoCo replicas (their turns'"
+                " proposals are decided together at the end of each global step); set read_next_step=false."
+            )
         kind = self.sample_kind(run.strategy)
         batch = run.global_batch()
         if batch is None:

@@ -25,7 +25,7 @@ import torch.distributed as dist
 from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 from torch.nn.parallel import DistributedDataParallel
 
-from callbacks.batch_size.noise_tests import SampleSums
+from callbacks.batch_size.noise_tests import PendingSums
 from lightning_modules.sharded_sums import Groups, local, shard_groups, sum_over_shards
 
 
@@ -121,21 +121,20 @@ class MicroStepSamples:
                 for parameter, total in zip(parameters, sums):
                     parameter.grad = total
 
-    def finish(self, n: int, sample_size: int) -> SampleSums:
+    def finish(self, n: int, sample_size: int) -> PendingSums:
         """Complete the sums once the step's gradient g is back in ``.grad``; ``n`` is the
-        accumulation, the samples' scale."""
+        accumulation, the samples' scale. Nothing is read on the host here."""
         partials = {}
         for key, parameters in self.by_groups.items():
             grads = [local(p.grad).float() for p in parameters if p.grad is not None]
             dots = [_dots(sample, grads, self.device) * n for sample in self._kept[key]]
             partials[key] = torch.stack([self._sum_sq[key], squared_norms(grads, self.device), *dots])
-        totals = sum_over_shards(partials).cpu()
+        totals = sum_over_shards(partials)
         self.start()
-        sums = SampleSums(n=n, sample_size=sample_size, sum_sq=totals[0].item(), g_sq=totals[1].item())
         if self.keep:
             dots = totals[2:]
-            sums.dot_sum, sums.dot_sq_sum = dots.sum().item(), dots.square().sum().item()
-        return sums
+            totals = torch.stack([totals[0], totals[1], dots.sum(), dots.square().sum()])
+        return PendingSums(n=n, sample_size=sample_size, totals=totals)
 
 
 class RankSamples:
@@ -169,14 +168,12 @@ class RankSamples:
 
         return future.then(add_dot)
 
-    def finish(self, parameters: list[torch.nn.Parameter], sample_size: int) -> SampleSums:
-        """After the step's backward: the gradients now hold the average over ranks."""
-        g_sq = squared_norms([p.grad for p in parameters if p.grad is not None], self.device).item()
+    def finish(self, parameters: list[torch.nn.Parameter], sample_size: int) -> PendingSums:
+        """After the step's backward: the gradients now hold the average over ranks. Nothing
+        is read on the host here."""
+        g_sq = squared_norms([p.grad for p in parameters if p.grad is not None], self.device)
         totals = torch.stack([self._sq, self._dot, self._dot.square()])
         dist.all_reduce(totals, op=dist.ReduceOp.SUM)
-        sq, dot_sum, dot_sq_sum = totals.cpu().tolist()
         self.start()
-        sums = SampleSums(n=dist.get_world_size(), sample_size=sample_size, sum_sq=sq, g_sq=g_sq)
-        if self.keep:
-            sums.dot_sum, sums.dot_sq_sum = dot_sum, dot_sq_sum
-        return sums
+        values = [totals[0], g_sq, totals[1], totals[2]] if self.keep else [totals[0], g_sq]
+        return PendingSums(n=dist.get_world_size(), sample_size=sample_size, totals=torch.stack(values))

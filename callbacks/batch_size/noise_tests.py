@@ -12,6 +12,10 @@ to it when that is larger than the current one.
 """
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
 
 TESTS = ("norm", "inner_product", "augmented_inner_product")
 
@@ -26,6 +30,23 @@ class SampleSums:
     g_sq: float
     dot_sum: float | None = None
     dot_sq_sum: float | None = None
+
+
+@dataclass
+class PendingSums:
+    """A tested step's sums still on the device (reduced over ranks, not yet read), so that
+    reading them, which waits for the step's backward and reductions, can come a step later."""
+
+    n: int
+    sample_size: int
+    totals: "torch.Tensor"  # sum_sq, g_sq, then (inner-product tests) dot_sum, dot_sq_sum
+
+    def read(self) -> SampleSums:
+        values = self.totals.cpu().tolist()
+        sums = SampleSums(n=self.n, sample_size=self.sample_size, sum_sq=values[0], g_sq=values[1])
+        if len(values) > 2:
+            sums.dot_sum, sums.dot_sq_sum = values[2], values[3]
+        return sums
 
 
 def gradient_variance(s: SampleSums) -> float:

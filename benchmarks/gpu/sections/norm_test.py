@@ -1,5 +1,6 @@
 """The norm test's cost: its overhead against the same training without it (compiled, as the
-techniques section measures it), and where its time goes, from torch.profiler over eager
+techniques section measures it; and compiled with its statistics read a step later, so no
+step waits for them), and where its time goes, from torch.profiler over eager
 runs of both (the test's own work runs eagerly between backward passes in either case).
 
 The profile's difference (norm test minus baseline, per step, by operator) is written to
@@ -117,7 +118,9 @@ def norm_test(suite: Suite) -> Table:
     batch, micro = plan.global_batch, plan.work_micro_batch
     out = Path(args.out)
     rows, written = [], []
-    for compile_mode, profiled in ((plan.work_compile, False), ("none", True)):
+    # compiled, reading the statistics at the tested step's end and a step later; eager, profiled
+    variants = ((plan.work_compile, False, False), (plan.work_compile, False, True), ("none", True, False))
+    for compile_mode, profiled, read_next_step in variants:
         work = suite.overrides(
             plan.model,
             f"batch.micro_batch_size={micro}",
@@ -127,6 +130,9 @@ def norm_test(suite: Suite) -> Table:
         )
         constant = [*work, "+experiment=constant_bs", f"batch.global_batch_size={batch}"]
         tested = [*work, "+experiment=adaptive_bs", f"batch.global_batch_size={batch}", *NEVER_GROWS]
+        if read_next_step:
+            tested.append("technique.adaptive_batch.read_next_step=true")
+        later = ", read a step later" if read_next_step else ""
         paths = (out / "norm_test_profile_baseline.json", out / "norm_test_profile_tested.json")
         runs = []
         for label, overrides, path in (("baseline", constant, paths[0]), ("norm test", tested, paths[1])):
@@ -134,14 +140,14 @@ def norm_test(suite: Suite) -> Table:
             extra = profile_overrides(path, args.warmup) if profiled else []
             runs.append(
                 suite.run(
-                    f"norm test: {label}, compile {compile_mode}{', profiled' if profiled else ''}",
+                    f"norm test: {label}, compile {compile_mode}{', profiled' if profiled else ''}{later}",
                     [*overrides, *extra],
                     args.steps,
                     args.warmup,
                 )
             )
         profiles = (read_profile(paths[0]), read_profile(paths[1])) if profiled else (None, None)
-        layout = f"micro {micro} of {batch}, compile {compile_mode}" + (", profiled" if profiled else "")
+        layout = f"micro {micro} of {batch}, compile {compile_mode}" + (", profiled" if profiled else "") + later
         rows.append(norm_row(layout, runs[0], runs[1], profiles))
         if all(profiles):
             written.append(profile_difference(*profiles))
