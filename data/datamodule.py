@@ -232,10 +232,13 @@ class TextDataModule(L.LightningDataModule):
         return DataLoader(TrainBatches(self._rows("train"), self._sampler), batch_size=None, num_workers=0)
 
     def val_dataloader(self) -> DataLoader:
-        """The same validation rows every time, at full seq_len, split evenly over ranks; a
+        """The same validation rows every time, at full seq_len, split evenly over this job's
+        data-parallel ranks (the ranks that hold one model together read the same rows); a
         mixture's batches come source after source, each tagged with its source's name."""
+        rank = self.job_rank // self.data_groups.model_parallel
+        ranks = self.data_groups.job_data_parallel_size(self.job_size)
         batches = [
-            ValidationBatches(rows, self.micro_batch_size, self.job_rank, self.job_size, self.val_max_rows, part.name)
+            ValidationBatches(rows, self.micro_batch_size, rank, ranks, self.val_max_rows, part.name)
             for part, rows in zip(self.parts, self._val_parts())
         ]
         return DataLoader(ChainedBatches(batches), batch_size=None, num_workers=0)

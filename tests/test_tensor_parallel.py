@@ -20,12 +20,13 @@ from lightning_modules.tensor_parallel import apply_tensor_parallel, loss_contex
 from settings.from_config import read_settings
 from tests.run_helpers import REPO, TINY, compose_config, export_matches_checkpoint, run_train, train_in_process
 
-# Ten AdamW steps of the tiny model at a global batch of 8, logged every step; 4 heads and
-# 2 key-value heads split over 2 ranks, rows of 32 tokens split into 2 sequence shards.
+# Ten AdamW steps of the tiny model at a global batch of 8, logged every step, validated at
+# steps 5 and 10; 4 heads and 2 key-value heads split over 2 ranks, rows of 32 tokens split
+# into 2 sequence shards.
 STEPS = [
     "trainer.max_steps=10",
     "logger=csv",
-    "callbacks.validation_schedule.every_n_steps=100",
+    "callbacks.validation_schedule.every_n_steps=5",
     "trainer.log_every_n_steps=1",
 ]
 SHARDED = ["strategy=fsdp2", "trainer.accelerator=cpu", "strategy.save_distributed_checkpoint=false"]
@@ -41,15 +42,15 @@ COMPARED = ("train/loss", "train/grad_norm", "train/sequences_seen", "perf/model
 
 
 def logged(run_dir: Path) -> dict[int, dict[str, float]]:
-    """Each step's loss, gradient norm, sequences seen, FLOPs per token and adaptive-batch statistics."""
+    """Each step's loss, gradient norm, sequences seen, FLOPs per token, adaptive-batch
+    statistics and (at steps 5 and 10) validation loss."""
+    steps: dict[int, dict[str, float]] = {}
     with open(run_dir / "csv" / "metrics.csv") as file:
-        rows = [row for row in csv.DictReader(file) if row.get("train/loss")]
-    return {
-        int(row["step"]): {
-            name: float(value) for name, value in row.items() if value and name.startswith(COMPARED + ("adaptive_bs/",))
-        }
-        for row in rows
-    }
+        for row in csv.DictReader(file):
+            names = COMPARED + ("adaptive_bs/",) if row.get("train/loss") else ("val/loss",)
+            values = {name: float(value) for name, value in row.items() if value and name.startswith(names)}
+            steps.setdefault(int(row["step"]), {}).update(values)
+    return steps
 
 
 @pytest.fixture(scope="module")
