@@ -18,11 +18,23 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
 from common.data_groups import DataGroups
+from common.errors import ConfigError
 from settings.run_context import RunContext
 from settings.section import Section
 
 if TYPE_CHECKING:
     from lightning_modules.step_callback import StepCallback
+
+
+def refuse_pipeline(
+    key: str, run: RunContext, why: str, fix: str = "set strategy.pipeline_parallel_size=1, or leave it out"
+) -> None:
+    """A technique (or one of its settings) that does not compose with pipeline parallelism
+    says so in one line: why, and the fix."""
+    if run.pipeline_parallel_size > 1:
+        raise ConfigError(
+            f"{key} does not compose with strategy.pipeline_parallel_size={run.pipeline_parallel_size}: {why}; {fix}."
+        )
 
 
 @dataclass(kw_only=True)

@@ -56,6 +56,7 @@ def build_module(settings: RunSettings, vocab_size: int) -> LlamaLightningModule
         data_groups=settings.run.data_groups,
         batch_scheduled=settings.batch_scheduled,
         init_state_dict=init_state_dict,
+        pipeline_parallel_size=settings.run.pipeline_parallel_size,
     )
 
 
@@ -109,7 +110,7 @@ def close_loggers(loggers: list[Logger]) -> None:
 def build_strategy(settings: RunSettings) -> Strategy | str:
     """The configured strategy; FSDP2's data-parallel size defaults to every process the
     tensor-parallel groups leave."""
-    spec = settings.strategy.spec
+    spec = settings.strategy.lightning_spec()
     if "_target_" not in spec:
         return spec["name"]
     if "data_parallel_size" in spec and spec["data_parallel_size"] is None:

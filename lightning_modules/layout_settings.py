@@ -28,6 +28,7 @@ COMPILE_MODES = ("default", "max-autotune-no-cudagraphs")
 LOSSES = ("plain", "chunked", "liger")
 ATTENTION_BACKEND_NAMES = ("auto", "flash", "efficient", "cudnn", "math")
 SHARDING_STRATEGIES = ("fsdp", "fsdp2")
+PIPELINE_SCHEDULES = ("gpipe", "1f1b", "interleaved_1f1b")  # pipeline_parallel.SCHEDULES
 
 
 @dataclass(kw_only=True)
@@ -65,6 +66,11 @@ class LayoutSettings(Section):
     - ``float8_emulate``: run float8's casts with float32 matmuls (any device; tests).
     - ``sequence_parallel``: with ``strategy.tensor_parallel_size`` > 1, split the norms and
       the residual stream along the sequence too (``tensor_parallel.py``); no effect otherwise.
+    - ``pipeline_schedule``: with ``strategy.pipeline_parallel_size`` > 1, how a step's
+      micro-batches go through the stages: ``gpipe``, ``1f1b`` or ``interleaved_1f1b``
+      (``pipeline_parallel.py``).
+    - ``stages_per_rank``: the stages each pipeline rank holds: 1, or 2 and more for
+      ``interleaved_1f1b``.
     """
 
     key = "layout"
@@ -82,6 +88,8 @@ class LayoutSettings(Section):
     float8: str
     float8_emulate: bool
     sequence_parallel: bool
+    pipeline_schedule: str
+    stages_per_rank: int
 
     def __post_init__(self) -> None:
         for name, choices in (
@@ -91,6 +99,7 @@ class LayoutSettings(Section):
             ("loss", LOSSES),
             ("attention_backend", ATTENTION_BACKEND_NAMES),
             ("float8", FLOAT8_RECIPES),
+            ("pipeline_schedule", PIPELINE_SCHEDULES),
         ):
             if getattr(self, name) not in choices:
                 raise ConfigError(f"layout.{name}={getattr(self, name)!r} is unknown; choose one of {choices}.")
@@ -116,6 +125,7 @@ class LayoutSettings(Section):
             )
         self._check_float8(run)
         self._check_tensor_parallel(run)
+        self._check_pipeline(run)
 
     def check_services(self, run: RunContext) -> None:
         self._check_float8_available()
@@ -207,6 +217,48 @@ class LayoutSettings(Section):
                 f"data.seq_len={run.seq_len} is not divisible by strategy.tensor_parallel_size={size}: sequence"
                 f" parallelism splits each row into {size} equal parts; choose a multiple of {size}, or set"
                 " layout.sequence_parallel=false."
+            )
+
+    def _check_pipeline(self, run: RunContext) -> None:
+        interleaved = self.pipeline_schedule == "interleaved_1f1b"
+        if interleaved and self.stages_per_rank < 2:
+            raise ConfigError(
+                f"layout.pipeline_schedule=interleaved_1f1b needs layout.stages_per_rank >= 2 (it has"
+                f" {self.stages_per_rank}); set 2 or more, or choose layout.pipeline_schedule=1f1b."
+            )
+        if not interleaved and self.stages_per_rank != 1:
+            raise ConfigError(
+                f"layout.stages_per_rank={self.stages_per_rank} needs layout.pipeline_schedule=interleaved_1f1b;"
+                f" {self.pipeline_schedule} runs one stage per rank: set layout.stages_per_rank=1."
+            )
+        size = run.pipeline_parallel_size
+        if size == 1:
+            return
+        stages = size * self.stages_per_rank
+        if stages > run.model.n_layers:
+            raise ConfigError(
+                f"strategy.pipeline_parallel_size={size} x layout.stages_per_rank={self.stages_per_rank} = {stages}"
+                f" stages, more than model.n_layers={run.model.n_layers} blocks; choose at most one stage per block."
+            )
+        unsupported = {
+            "strategy.tensor_parallel_size": (run.tensor_parallel_size, 1),
+            "layout.loss": (self.loss, "plain"),
+            "layout.compile": (self.compile, "none"),
+            "layout.float8": (self.float8, "none"),
+        }
+        for key, (value, needed) in unsupported.items():
+            if value != needed:
+                raise ConfigError(
+                    f"{key}={value} does not compose with strategy.pipeline_parallel_size={size} yet; set {key}={needed}."
+                )
+        batch = run.global_batch()
+        if batch is not None and batch.accumulation < size:
+            bubble = (size - 1) / (batch.accumulation + size - 1)
+            raise ConfigError(
+                f"strategy.pipeline_parallel_size={size}: the global batch is {batch.accumulation} micro-batch(es)"
+                f" per step, fewer than the {size} pipeline ranks, which would idle {bubble:.0%} of each step; give"
+                f" each step at least {size} micro-batches (a smaller batch.micro_batch_size or a larger"
+                " batch.global_batch_size)."
             )
 
     def _check_float8_available(self) -> None:

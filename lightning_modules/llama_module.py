@@ -20,6 +20,7 @@ import lightning as L
 import torch
 from lightning.pytorch.strategies import FSDPStrategy
 from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp.wrap import wrap
 
 from lightning_modules.step_callback import StepCallback
@@ -41,6 +42,7 @@ from lightning_modules.parallelism import (
     tensor_parallel_mesh,
     set_gradient_sync,
 )
+from lightning_modules.pipeline_parallel import Pipeline, RankStages, split_data_parallel
 from lightning_modules.training_state import WEIGHTS_NOTE, TrainingState
 from lightning_modules.tensor_parallel import loss_context
 
@@ -79,6 +81,8 @@ class LlamaLightningModule(L.LightningModule):
             checkpoint's instead of the configured one).
         init_state_dict: weights to start from (e.g. converted Hugging Face weights);
             applied when the model is built, before any sharding.
+        pipeline_parallel_size: stages the blocks are split into, one per rank of each
+            pipeline (``pipeline_parallel.py``); 1: none.
     """
 
     def __init__(
@@ -94,6 +98,7 @@ class LlamaLightningModule(L.LightningModule):
         data_groups: DataGroups = DataGroups(),
         batch_scheduled: bool = False,
         init_state_dict: dict[str, torch.Tensor] | None = None,
+        pipeline_parallel_size: int = 1,
     ) -> None:
         super().__init__()
         self.automatic_optimization = False
@@ -122,6 +127,9 @@ class LlamaLightningModule(L.LightningModule):
         self._grad_norm = torch.zeros(())
         self._step_callbacks: list[StepCallback] = []
         self._float8_scales_per_step = False
+        self.pipeline_parallel_size = pipeline_parallel_size
+        self._pipeline: Pipeline | None = None
+        self._pipeline_rows: list[dict[str, torch.Tensor]] = []  # the step's micro-batches so far
 
     @property
     def step_callbacks(self) -> list[StepCallback]:
@@ -143,6 +151,9 @@ class LlamaLightningModule(L.LightningModule):
             model = Llama(self.model_config)
         dynamic = any(callback.varies_sequence_length for callback in self.step_callbacks)
         mesh, split = self._shard_mesh(), tensor_parallel_mesh(self.device_mesh)
+        stages = None
+        if self.pipeline_parallel_size > 1:
+            mesh, stages = self._keep_pipeline_stages(model, mesh)
         if split is not None and self.global_rank == 0:
             sequence = "with" if self.layout.sequence_parallel else "without"
             log.info(
@@ -151,7 +162,7 @@ class LlamaLightningModule(L.LightningModule):
                 split.size(),
                 sequence,
             )
-        apply_layout(model, self.layout, mesh, dynamic, split)
+        apply_layout(model, self.layout, mesh, dynamic, split, stages.views if stages is not None else None)
         self._float8_scales_per_step = float8_all_gather(self.layout.float8, sharded=mesh is not None)
         seed = seed_from_global_rng()
         if self._trainer is not None and isinstance(self.trainer.strategy, FSDPStrategy):
@@ -166,6 +177,24 @@ class LlamaLightningModule(L.LightningModule):
             self._init_state_dict = None
         self.model = self.training_state.model = model
         self.training_state.gradient_group_size = mesh.size() if mesh is not None else self._world_size
+        if stages is not None:
+            self._pipeline = stages.pipeline(model, self.layout.pipeline_schedule)
+
+    def _keep_pipeline_stages(self, model: Llama, mesh: DeviceMesh) -> tuple[DeviceMesh, RankStages]:
+        """Reduce the model to this rank's stages; FSDP2 then shards them over the ranks
+        holding the same stages. Returns that mesh and the stages."""
+        data, pipeline = split_data_parallel(mesh, self.pipeline_parallel_size)
+        stages = RankStages(pipeline, self.layout.stages_per_rank, self.model_config.n_layers)
+        stages.keep(model)
+        if self.global_rank == 0:
+            log.info(
+                "layout: %d data-parallel x %d pipeline ranks, %d stages (%s schedule)",
+                data.size(),
+                pipeline.size(),
+                stages.count,
+                self.layout.pipeline_schedule,
+            )
+        return data, stages
 
     @property
     def _build_device(self) -> torch.device:
@@ -216,7 +245,11 @@ class LlamaLightningModule(L.LightningModule):
         return self.model(input_ids, position_ids)
 
     def loss(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-        """Mean next-token cross-entropy in fp32 over the batch's labelled tokens."""
+        """Mean next-token cross-entropy in fp32 over the batch's labelled tokens (forward
+        through every stage of a pipeline: on each of its ranks)."""
+        if self._pipeline is not None:
+            with attention_backend(self.layout.attention_backend):
+                return self._pipeline.evaluate(batch["input_ids"], batch["labels"])
         with attention_backend(self.layout.attention_backend), loss_context(self.model):
             return self.model(batch["input_ids"], batch.get("position_ids"), labels=batch["labels"])
 
@@ -247,11 +280,14 @@ class LlamaLightningModule(L.LightningModule):
     def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
         state = self.training_state
         batch = state.cut(batch)
-        loss = self.loss(batch)
-        # Each rank's micro-batches weigh 1/accumulation; DDP and FSDP average over ranks,
-        # so the gradient is the mean over the global batch.
-        with loss_context(self.model):
-            self.manual_backward(loss / state.global_batch.accumulation)
+        if self._pipeline is not None:
+            loss = self._pipelined(batch)
+        else:
+            loss = self.loss(batch)
+            # Each rank's micro-batches weigh 1/accumulation; DDP and FSDP average over ranks,
+            # so the gradient is the mean over the global batch.
+            with loss_context(self.model):
+                self.manual_backward(loss / state.global_batch.accumulation)
         self._step_loss += loss.detach()
         self._step_tokens += batch["labels"].numel()
         state.seq_len = batch["labels"].shape[1]
@@ -261,6 +297,21 @@ class LlamaLightningModule(L.LightningModule):
         if state.micro_batch_index == state.global_batch.accumulation:
             self._finish_step()
         return loss.detach()
+
+    def _pipelined(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        """Collect the step's micro-batches; at the last, run them through the pipeline's
+        schedule (forward and backward, gradients averaged over them). Returns what this
+        micro-batch adds to the step's summed loss: the step's mean loss times the micro-batch
+        count at the last one, so the step's mean is the pipeline's; zero before it."""
+        state = self.training_state
+        self._pipeline_rows.append(batch)
+        if not state.is_last_micro_batch:
+            return torch.zeros((), device=self.device)
+        rows = {key: torch.cat([part[key] for part in self._pipeline_rows]) for key in ("input_ids", "labels")}
+        self._pipeline_rows = []
+        accumulation = state.global_batch.accumulation
+        with attention_backend(self.layout.attention_backend):
+            return self._pipeline.step(rows["input_ids"], rows["labels"], accumulation) * accumulation
 
     def _finish_step(self) -> None:
         state = self.training_state
@@ -313,7 +364,8 @@ class LlamaLightningModule(L.LightningModule):
         Lightning calls this inside ``optimizer.step()``, after a 16-bit loss scaler has
         unscaled the gradients, so the norm is that of the true gradients in every precision.
         """
-        self._grad_norm = clip_grad_norm(self.model, self.optimizer_config.grad_clip or math.inf)
+        across = self._pipeline.group if self._pipeline is not None else None
+        self._grad_norm = clip_grad_norm(self.model, self.optimizer_config.grad_clip or math.inf, across)
 
     def _ends_training(self) -> bool:
         """The token budget or max_steps is reached, and no technique is mid-way through a global step."""

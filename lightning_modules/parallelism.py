@@ -7,9 +7,11 @@ compiles each block, and FSDP2 shards each (wrapped, compiled) block and then th
 """
 
 import logging
+from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, nullcontext
 
 import torch
+import torch.distributed as dist
 import torch.fx.experimental._config as fx_config
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
@@ -71,8 +73,15 @@ def apply_compile(model: nn.Module, mode: str, dynamic: bool, inductor_mode: str
         module.compile(dynamic=True if dynamic else None, mode=None if inductor_mode == "default" else inductor_mode)
 
 
-def apply_fsdp2(model: nn.Module, mesh: DeviceMesh, reshard_after_forward: bool, mixed_precision: bool) -> None:
-    """Shard every block, then the root (embeddings, final norm, output head)."""
+def apply_fsdp2(
+    model: nn.Module,
+    mesh: DeviceMesh,
+    reshard_after_forward: bool,
+    mixed_precision: bool,
+    roots: Sequence[nn.Module] | None = None,
+) -> None:
+    """Shard every block, then the root (embeddings, final norm, output head): the model, or
+    each of ``roots`` (the stages a pipeline rank holds, which share the model's modules)."""
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if mixed_precision else None
@@ -81,7 +90,8 @@ def apply_fsdp2(model: nn.Module, mesh: DeviceMesh, reshard_after_forward: bool,
         options["mp_policy"] = policy
     for block in model.layers.values():
         fully_shard(block, **options)
-    fully_shard(model, **options)
+    for root in roots or [model]:
+        fully_shard(root, **options)
 
 
 def apply_loss_kernel(model: nn.Module, loss: str) -> None:
@@ -111,9 +121,12 @@ def apply_layout(
     mesh: DeviceMesh | None = None,
     dynamic_seq_len: bool = False,
     tensor_parallel_mesh: DeviceMesh | None = None,
+    fsdp_roots: Callable[[nn.Module], Sequence[nn.Module]] | None = None,
 ) -> None:
     """Apply the configured layout; ``mesh`` is the data-parallel mesh when sharding, and
-    ``tensor_parallel_mesh`` the group the blocks are split over (``tensor_parallel.py``).
+    ``tensor_parallel_mesh`` the group the blocks are split over (``tensor_parallel.py``);
+    ``fsdp_roots`` makes, from the model as laid out so far, the roots FSDP2 shards last
+    (``apply_fsdp2``; a pipeline rank's stages).
 
     Order, as torchtitan: kernels swapped in and float8 linear layers converted, tensor
     parallelism, then checkpointing wraps blocks, compile compiles them (or, for the whole
@@ -139,7 +152,8 @@ def apply_layout(
     if config.compile == "blocks":
         apply_compile(model, "blocks", dynamic_seq_len, config.compile_mode)
     if mesh is not None:
-        apply_fsdp2(model, mesh, config.reshard_after_forward, config.fsdp_mixed_precision)
+        roots = fsdp_roots(model) if fsdp_roots is not None else None
+        apply_fsdp2(model, mesh, config.reshard_after_forward, config.fsdp_mixed_precision, roots)
     if config.compile == "model":
         apply_compile(model, "model", dynamic_seq_len, config.compile_mode)
 
@@ -172,7 +186,7 @@ def set_gradient_sync(wrapped: nn.Module, enabled: bool) -> None:
         wrapped.require_backward_grad_sync = enabled
 
 
-def clip_grad_norm(model: nn.Module, max_norm: float) -> torch.Tensor:
+def clip_grad_norm(model: nn.Module, max_norm: float, across: dist.ProcessGroup | None = None) -> torch.Tensor:
     """Clip gradients to ``max_norm`` (inf: measure only) and return the global norm.
 
     The norm is over all parameters on all ranks: FSDP2 parameters are DTensors whose
@@ -180,20 +194,21 @@ def clip_grad_norm(model: nn.Module, max_norm: float) -> torch.Tensor:
     must do the reduction. Under tensor parallelism the parameters live on two meshes (the
     norms' gains on the data-parallel one, the split matrices on both dimensions), which
     torch's clipping cannot stack: each one's squares are summed over the ranks it is split
-    over (``sharded_sums.py``).
+    over (``sharded_sums.py``). Under pipeline parallelism each rank holds other parameters:
+    the squares are summed over the pipeline's ranks (``across``) too.
     """
     from torch.distributed.fsdp import FullyShardedDataParallel
 
     if isinstance(model, FullyShardedDataParallel):
         return model.clip_grad_norm_(max_norm)
     grads = [param.grad for param in model.parameters() if param.grad is not None]
-    if len({grad.device_mesh for grad in grads if isinstance(grad, DTensor)}) > 1:
-        return _clip_over_meshes(grads, max_norm)
+    if across is not None or len({grad.device_mesh for grad in grads if isinstance(grad, DTensor)}) > 1:
+        return _clip_over_meshes(grads, max_norm, across)
     norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
     return norm.full_tensor() if hasattr(norm, "full_tensor") else norm
 
 
-def _clip_over_meshes(grads: list[torch.Tensor], max_norm: float) -> torch.Tensor:
+def _clip_over_meshes(grads: list[torch.Tensor], max_norm: float, across: dist.ProcessGroup | None) -> torch.Tensor:
     from lightning_modules.sharded_sums import local, shard_groups, sum_over_shards
 
     partials: dict = {}
@@ -201,7 +216,10 @@ def _clip_over_meshes(grads: list[torch.Tensor], max_norm: float) -> torch.Tenso
         groups = shard_groups(grad, ())
         squares = local(grad).detach().float().square().sum()
         partials[groups] = partials[groups] + squares if groups in partials else squares
-    norm = sum_over_shards(partials).sqrt()
+    total = sum_over_shards(partials)
+    if across is not None:
+        dist.all_reduce(total, group=across)
+    norm = total.sqrt()
     scale = torch.clamp(max_norm / (norm + 1e-6), max=1.0)
     for grad in grads:
         local(grad).mul_(scale.to(grad.dtype))

@@ -20,14 +20,23 @@ the gradients are divided by the number of micro-batches, so the step's gradient
 mean over its micro-batches, as under gradient accumulation.
 """
 
+import copy
 import itertools
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 from torch.distributed import ProcessGroup
-from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.pipelining import (
+    PipelineStage,
+    Schedule1F1B,
+    ScheduleGPipe,
+    ScheduleInterleaved1F1B,
+    ScheduleLoopedBFS,
+)
 
 from lightning_modules.llama import Llama
 
@@ -49,10 +58,12 @@ def rank_stages(rank: int, ranks: int, stages_per_rank: int) -> list[int]:
     return [rank + ranks * loop for loop in range(stages_per_rank)]
 
 
-def keep_stage(model: Llama, blocks: range, first: bool, last: bool) -> None:
-    """Reduce ``model`` (on the meta device, before any layout) to one stage, in place."""
+def keep_stage(model: Llama, blocks: Iterable[int], first: bool, last: bool) -> None:
+    """Reduce ``model`` (on the meta device, before any layout) to one stage, in place: or to
+    the blocks of all the stages a rank holds, which ``stage_views`` then splits."""
+    kept = set(blocks)
     for index in list(model.layers):
-        if int(index) not in blocks:
+        if int(index) not in kept:
             del model.layers[index]
     if not first:
         model.tok_embeddings = None
@@ -61,43 +72,127 @@ def keep_stage(model: Llama, blocks: range, first: bool, last: bool) -> None:
         model.output = None
 
 
+def stage_view(model: Llama, blocks: range, first: bool, last: bool) -> Llama:
+    """One stage of a rank holding several (``interleaved_1f1b``): a Llama whose blocks,
+    embedding and head are ``model``'s own modules (the same parameters, under the same
+    names), so the rank's optimizer, clipping and checkpoints see one model."""
+    view = copy.copy(model)
+    view._parameters, view._buffers, view._modules = {}, {}, dict(model._modules)
+    view.layers = nn.ModuleDict({str(index): model.layers[str(index)] for index in blocks})
+    keep_stage(view, blocks, first, last)
+    return view
+
+
 def micro_batch_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     """The mean next-token cross-entropy of one micro-batch, in fp32 (the model's plain loss)."""
     return F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten())
 
 
 class Pipeline:
-    """This rank's stages and the schedule that runs an optimizer step through them.
+    """This rank's stages and the schedules that run an optimizer step, or a validation
+    batch, through them.
 
-    The schedule is built for a number of micro-batches; when the global batch changes that
-    number (a batch schedule, the adaptive batch), the next step builds one for the new count.
+    A stage learns the shapes it sends and receives at its first step, so a schedule serves
+    one shape of the step's rows and one number of micro-batches: when the global batch
+    changes that number (a batch schedule) or the rows change length (sequence-length
+    warmup), the next step builds stages and a schedule for the new shape (over the same
+    modules). Validation runs each batch forward as one micro-batch (GPipe's schedule; with
+    several stages per rank, the looped breadth-first one), with stages of its own.
     """
 
     def __init__(
-        self, stages: Sequence[nn.Module], indices: Sequence[int], count: int, group: ProcessGroup, schedule: str
+        self, modules: Sequence[nn.Module], indices: Sequence[int], count: int, group: ProcessGroup, schedule: str
     ) -> None:
-        device = next(stages[0].parameters()).device
-        self.stages = [
-            PipelineStage(module, index, count, device, group=group) for module, index in zip(stages, indices)
-        ]
+        self.modules, self.indices, self.count, self.group = list(modules), list(indices), count, group
+        self.device = next(modules[0].parameters()).device
         self.first = indices[0] == 0
         self.last = indices[-1] == count - 1
+        # the last stage is on the pipeline's last rank (rank_stages' looped order)
+        self.last_rank = dist.get_global_rank(group, group.size() - 1)
         self.schedule_name = schedule
-        self._schedules: dict[int, object] = {}
+        self._training: tuple[tuple, object] | None = None
+        self._evaluation: tuple[tuple, object] | None = None
 
-    def _schedule(self, micro_batches: int):
-        if micro_batches not in self._schedules:
+    def _stages(self) -> list[PipelineStage]:
+        return [
+            PipelineStage(module, index, self.count, self.device, group=self.group)
+            for module, index in zip(self.modules, self.indices)
+        ]
+
+    def _training_schedule(self, micro_batches: int, shape: torch.Size):
+        key = (micro_batches, tuple(shape))
+        if self._training is None or self._training[0] != key:
             kind = SCHEDULES[self.schedule_name]
-            stages = self.stages if kind is ScheduleInterleaved1F1B else self.stages[0]
-            self._schedules = {micro_batches: kind(stages, micro_batches, loss_fn=micro_batch_loss)}
-        return self._schedules[micro_batches]
+            stages = self._stages()
+            chosen = stages if kind is ScheduleInterleaved1F1B else stages[0]
+            self._training = key, kind(chosen, micro_batches, loss_fn=micro_batch_loss)
+        return self._training[1]
 
-    def step(self, input_ids: torch.Tensor, labels: torch.Tensor, micro_batches: int) -> torch.Tensor | None:
+    def _evaluation_schedule(self, shape: torch.Size):
+        key = tuple(shape)
+        if self._evaluation is None or self._evaluation[0] != key:
+            stages = self._stages()
+            if len(stages) == 1:
+                schedule = ScheduleGPipe(stages[0], 1, loss_fn=micro_batch_loss)
+            else:
+                schedule = ScheduleLoopedBFS(stages, 1, loss_fn=micro_batch_loss)
+            self._evaluation = key, schedule
+        return self._evaluation[1]
+
+    def step(self, input_ids: torch.Tensor, labels: torch.Tensor, micro_batches: int) -> torch.Tensor:
         """Forward and backward of one optimizer step's rows (split into ``micro_batches``
-        along the batch); the mean of the micro-batches' losses on the rank holding the last
-        stage, None on the others. Every rank of the pipeline passes the same rows."""
+        along the batch); the mean of the micro-batches' losses, on every rank of the
+        pipeline. Every rank of the pipeline passes the same rows."""
+        schedule = self._training_schedule(micro_batches, input_ids.shape)
+        return self._run(schedule.step, input_ids, labels)
+
+    @torch.no_grad()
+    def evaluate(self, input_ids: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        """The mean token loss of one batch, forward only, on every rank of the pipeline."""
+        return self._run(self._evaluation_schedule(input_ids.shape).eval, input_ids, labels)
+
+    def _run(self, run, input_ids: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         losses: list[torch.Tensor] = []
-        schedule = self._schedule(micro_batches)
         args = (input_ids,) if self.first else ()
-        schedule.step(*args, target=labels if self.last else None, losses=losses)
-        return torch.stack(losses).mean() if self.last else None
+        run(*args, target=labels if self.last else None, losses=losses)
+        loss = torch.stack(losses).mean().detach() if self.last else torch.zeros((), device=input_ids.device)
+        dist.broadcast(loss, src=self.last_rank, group=self.group)
+        return loss
+
+
+class RankStages:
+    """The stages one pipeline rank holds (``rank_stages``) and how its model is cut to them."""
+
+    def __init__(self, pipeline: DeviceMesh, stages_per_rank: int, n_layers: int) -> None:
+        self.group, self.count = pipeline.get_group(), pipeline.size() * stages_per_rank
+        self.indices = rank_stages(pipeline.get_local_rank(), pipeline.size(), stages_per_rank)
+        self.blocks = stage_blocks(n_layers, self.count)
+        self._views: list[Llama] | None = None
+
+    def keep(self, model: Llama) -> None:
+        """Reduce ``model`` to the blocks of this rank's stages (the embedding with stage 0,
+        the head with the last)."""
+        blocks = [block for index in self.indices for block in self.blocks[index]]
+        keep_stage(model, blocks, first=0 in self.indices, last=self.count - 1 in self.indices)
+
+    def views(self, model: Llama) -> list[Llama]:
+        """Each stage's module: the model itself when the rank holds one stage, else views
+        of it (``stage_view``). Made once, from the model as laid out (checkpointing wraps
+        blocks), before FSDP2 shards them as roots; the pipeline then runs those."""
+        if self._views is None:
+            if len(self.indices) == 1:
+                self._views = [model]
+            else:
+                self._views = [stage_view(model, self.blocks[i], i == 0, i == self.count - 1) for i in self.indices]
+        return self._views
+
+    def pipeline(self, model: Llama, schedule: str) -> Pipeline:
+        return Pipeline(self.views(model), self.indices, self.count, self.group, schedule)
+
+
+def split_data_parallel(mesh: DeviceMesh, pipeline: int) -> tuple[DeviceMesh, DeviceMesh]:
+    """The D x P ranks of ModelParallelStrategy's data-parallel mesh as (data, pipeline) meshes:
+    P consecutive ranks hold one pipeline's stages, and FSDP2 shards each stage over the D
+    ranks that hold it."""
+    split = mesh._unflatten(0, (mesh.size() // pipeline, pipeline), ("pipeline_data", "pipeline"))
+    return split["pipeline_data"], split["pipeline"]

@@ -31,6 +31,8 @@ class RunContext:
     save_distributed_checkpoint: bool
     #: Ranks each block is split over (``strategy.tensor_parallel_size``); they see the same data.
     tensor_parallel_size: int = 1
+    #: Stages the blocks are split into, on successive ranks (``strategy.pipeline_parallel_size``); they see the same data.
+    pipeline_parallel_size: int = 1
     #: The parts each row's sequence is split into: T under sequence parallelism, else 1.
     sequence_shards: int = 1
     sequential_replicas: int = 1

@@ -126,17 +126,22 @@ def assemble(*, processes: int | None, **sections) -> RunSettings:
         seq_len=sections["data"].seq_len,
         save_distributed_checkpoint=sections["strategy"].save_distributed_checkpoint,
         tensor_parallel_size=sections["strategy"].tensor_parallel_size,
+        pipeline_parallel_size=sections["strategy"].pipeline_parallel_size,
         sequence_shards=sections["strategy"].tensor_parallel_size if sections["layout"].sequence_parallel else 1,
         shared_settings=sections["shared_settings"],
     )
     replicas = max([technique.sequential_replicas(run) for technique in techniques.values()], default=1)
-    accumulation = max([technique.min_accumulation(run) for technique in techniques.values()], default=1)
+    # a pipeline needs a micro-batch per stage in flight (fewer leave ranks idle: refused by the layout's check)
+    accumulation = max(
+        [technique.min_accumulation(run) for technique in techniques.values()], default=run.pipeline_parallel_size
+    )
     groups = max(
         [technique.data_groups() for technique in techniques.values()], key=lambda g: g.count, default=DataGroups()
     )
-    groups = dataclasses.replace(groups, model_parallel=run.tensor_parallel_size)
-    # (a process count the tensor-parallel size does not divide is refused by the strategy's check)
-    whole = run.world_size and run.world_size % run.tensor_parallel_size == 0
+    model_parallel = run.pipeline_parallel_size * run.tensor_parallel_size  # ranks that read the same rows
+    groups = dataclasses.replace(groups, model_parallel=model_parallel)
+    # (a process count the model-parallel sizes do not divide is refused by the strategy's check)
+    whole = run.world_size and run.world_size % model_parallel == 0
     ranks = groups.data_parallel_size(run.world_size) if whole else None
     micro = micro_batch_size_for(batch, ranks, replicas, accumulation) if ranks else None
     run = dataclasses.replace(run, sequential_replicas=replicas, data_groups=groups, micro_batch_size=micro)

@@ -39,6 +39,15 @@ class StrategySettings(Section):
     def tensor_parallel_size(self) -> int:
         return self.spec.get("tensor_parallel_size", 1)
 
+    @property
+    def pipeline_parallel_size(self) -> int:
+        return self.spec.get("pipeline_parallel_size", 1)
+
+    def lightning_spec(self) -> dict[str, Any]:
+        """The node Lightning's strategy is built from: the pipeline's size is this framework's
+        (the training module builds the stages), not a ModelParallelStrategy argument."""
+        return {key: value for key, value in self.spec.items() if key != "pipeline_parallel_size"}
+
     def check(self, run: RunContext) -> None:
         if self.name == "fsdp" and run.accelerator == "cpu":
             raise ConfigError("strategy=fsdp (FSDP1) needs GPUs; on CPU use strategy=fsdp2.")
@@ -48,6 +57,7 @@ class StrategySettings(Section):
                 " add strategy=ddp or strategy=fsdp2."
             )
         self._check_tensor_parallel(run)
+        self._check_pipeline_parallel(run)
 
     def _check_tensor_parallel(self, run: RunContext) -> None:
         size = self.tensor_parallel_size
@@ -75,4 +85,32 @@ class StrategySettings(Section):
             raise ConfigError(
                 f"strategy.tensor_parallel_size={size} does not compose with model.tie_embeddings=true (the embedding"
                 " is split by rows, the output head by columns); set model.tie_embeddings=false or the size to 1."
+            )
+
+    def _check_pipeline_parallel(self, run: RunContext) -> None:
+        size = self.pipeline_parallel_size
+        if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+            raise ConfigError(
+                f"strategy.pipeline_parallel_size={size!r} must be an integer >= 1 (1: no pipeline parallelism)."
+            )
+        if size == 1:
+            return
+        if self.name != "fsdp2":
+            raise ConfigError(f"strategy.pipeline_parallel_size={size} needs strategy=fsdp2 (ModelParallelStrategy).")
+        model_parallel = size * self.tensor_parallel_size
+        if run.world_size is not None and run.world_size % model_parallel:
+            raise ConfigError(
+                f"strategy.pipeline_parallel_size={size} x strategy.tensor_parallel_size={self.tensor_parallel_size}"
+                f" does not divide the {run.world_size} processes (trainer.devices x trainer.num_nodes): choose sizes"
+                " whose product divides them, or change the process count."
+            )
+        if not self.save_distributed_checkpoint:
+            raise ConfigError(
+                f"strategy.pipeline_parallel_size={size} needs strategy.save_distributed_checkpoint=true: each rank"
+                " holds its stages' weights only, so no rank can gather the whole model into one file."
+            )
+        if run.model.tie_embeddings:
+            raise ConfigError(
+                f"strategy.pipeline_parallel_size={size} does not compose with model.tie_embeddings=true (the embedding"
+                " lives on the first stage, the output head on the last); set model.tie_embeddings=false."
             )

@@ -1,5 +1,7 @@
-"""Pipeline parallelism on 2 CPU processes takes one process's gradients: each schedule, the
-stages' gradients and the step's loss within 1e-5 relative of the whole model's."""
+"""Pipeline parallelism on 2 and 4 CPU processes takes one process's steps: each schedule's
+step gives the whole model's gradients and loss within 1e-5 relative, and a run under each
+schedule (and D = 2 x P = 2) one process's per-step losses, gradient norms and validation
+losses, on the same rows."""
 
 import copy
 from pathlib import Path
@@ -10,8 +12,19 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from benchmarks.meta_init_memory import free_port, join_process_group
+from lightning_modules.hf_interop import load_lightning_checkpoint
 from lightning_modules.llama import Llama, LlamaSettings
 from lightning_modules.pipeline_parallel import Pipeline, keep_stage, rank_stages, stage_blocks
+from tests.layout_runs import (
+    EXPERIMENTS,
+    STEPS,
+    assert_composes_or_refuses_in_one_line,
+    assert_one_process_s_steps,
+    assert_refused_in_one_line,
+    one_process_runs,
+    row_log,
+)
+from tests.run_helpers import TINY, run_train
 
 CONFIG = LlamaSettings(vocab_size=64, n_layers=4, d_model=32, n_heads=4, n_kv_heads=2, mlp_hidden=64)
 MICRO_BATCHES, ROWS, LENGTH = 4, 8, 16
@@ -69,8 +82,7 @@ def pipelined(rank: int, port: int, schedule: str, stages_per_rank: int, out_dir
         for module in modules
         for name, parameter in module.named_parameters()
     ]
-    if loss is not None:
-        differences.append(abs(loss.item() - reference) / reference)
+    differences.append(abs(loss.item() - reference) / reference)  # every rank has the step's loss
     torch.save((len(differences), max(differences)), Path(out_dir) / f"rank{rank}.pt")
     dist.destroy_process_group()
 
@@ -80,6 +92,147 @@ def test_a_pipelined_step_takes_one_process_s_gradients(schedule, stages_per_ran
     mp.spawn(pipelined, args=(free_port(), schedule, stages_per_rank, str(tmp_path)), nprocs=2)
     parameters_per_block = 9  # two norms, four attention and three MLP matrices
     first, last = (torch.load(tmp_path / f"rank{rank}.pt") for rank in (0, 1))
-    # rank 0 holds the embedding and the first blocks; rank 1 the last blocks, norm, head and the loss
-    assert first[0] + last[0] == 1 + CONFIG.n_layers * parameters_per_block + 2 + 1
+    # rank 0 holds the embedding and the first blocks, rank 1 the last blocks, norm and head; both the loss
+    assert first[0] + last[0] == 1 + CONFIG.n_layers * parameters_per_block + 2 + 2
     assert first[1] < 1e-5 and last[1] < 1e-5
+
+
+# The tiny model with 4 blocks: 2 stages of 2, or 4 stages of 1 (2 per rank, interleaved).
+FOUR_BLOCKS = [*TINY, "model.n_layers=4"]
+PIPELINE = ["strategy=fsdp2", "trainer.accelerator=cpu"]
+
+
+@pytest.fixture(scope="module")
+def one_process(tmp_path_factory):
+    return one_process_runs(tmp_path_factory, FOUR_BLOCKS)
+
+
+# Sequence-length warmup from 8 to 32 tokens over the ten steps (stages learn each new shape),
+# and a batch warmup from 8 to 16 sequences after step 4 (4, then 8 micro-batches a step).
+SEQ_LEN_WARMUP = (
+    "+technique=seq_len_warmup",
+    "technique.seq_len_warmup.total_curriculum_step=8",
+    "technique.seq_len_warmup.preallocate=false",
+)
+BATCH_WARMUP = (
+    "+technique=batch_warmup",
+    "technique.batch_warmup.stage_sizes=[8,16]",
+    "technique.batch_warmup.stage_tokens=1024",
+)
+P2 = ["trainer.devices=2"]
+
+
+@pytest.mark.parametrize(
+    ("layout", "extra", "line"),
+    [
+        (P2 + ["layout.pipeline_schedule=gpipe"], (), "1 data-parallel x 2 pipeline ranks, 2 stages (gpipe"),
+        (P2 + ["layout.pipeline_schedule=1f1b"], (), "1 data-parallel x 2 pipeline ranks, 2 stages (1f1b"),
+        (
+            P2 + ["layout.pipeline_schedule=interleaved_1f1b", "layout.stages_per_rank=2"],
+            (),
+            "1 data-parallel x 2 pipeline ranks, 4 stages (interleaved_1f1b",
+        ),
+        (["trainer.devices=4"], (), "2 data-parallel x 2 pipeline ranks, 2 stages (1f1b"),
+        (P2, SEQ_LEN_WARMUP, "1 data-parallel x 2 pipeline ranks, 2 stages (1f1b"),
+        (P2, BATCH_WARMUP, "1 data-parallel x 2 pipeline ranks, 2 stages (1f1b"),
+        (P2, ("optimizer=muon",), "1 data-parallel x 2 pipeline ranks, 2 stages (1f1b"),
+    ],
+    ids=["P2_gpipe", "P2_1f1b", "P2_interleaved", "D2xP2", "P2_seq_len_warmup", "P2_batch_warmup", "P2_muon"],
+)
+def test_a_pipelined_run_takes_one_process_s_steps(layout, extra, line, one_process, tmp_path, tmp_path_factory):
+    run_dir = tmp_path / "run"
+    overrides = FOUR_BLOCKS + STEPS + list(extra) + PIPELINE + ["strategy.pipeline_parallel_size=2", *layout]
+    result = run_train(overrides + row_log(run_dir), run_dir, tmp_path_factory.getbasetemp() / "cache", timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert f"layout: {line}" in result.stdout + result.stderr
+    processes = int(layout[0].split("=")[1])
+    assert_one_process_s_steps(run_dir, one_process(extra), model_parallel=2, processes=processes)
+
+
+PP2 = [*PIPELINE, "trainer.devices=2", "strategy.pipeline_parallel_size=2"]
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (
+            [*PIPELINE, "trainer.devices=3", "strategy.pipeline_parallel_size=2"],
+            "strategy.pipeline_parallel_size=2 x strategy.tensor_parallel_size=1 does not divide the 3 processes",
+        ),
+        (
+            ["strategy=ddp", "trainer.accelerator=cpu", "trainer.devices=2", "+strategy.pipeline_parallel_size=2"],
+            "needs strategy=fsdp2",
+        ),
+        (PP2 + ["model.n_layers=1"], "2 stages, more than model.n_layers=1 blocks"),
+        (PP2 + ["layout.pipeline_schedule=zero_bubble"], "layout.pipeline_schedule='zero_bubble' is unknown"),
+        (PP2 + ["layout.pipeline_schedule=interleaved_1f1b"], "needs layout.stages_per_rank >= 2"),
+        (
+            PP2 + ["layout.stages_per_rank=2"],
+            "layout.stages_per_rank=2 needs layout.pipeline_schedule=interleaved_1f1b",
+        ),
+        (
+            PP2 + ["batch.global_batch_size=2"],
+            "1 micro-batch(es) per step, fewer than the 2 pipeline ranks, which would idle 50% of each step",
+        ),
+        (PP2 + ["strategy.save_distributed_checkpoint=false"], "needs strategy.save_distributed_checkpoint=true"),
+        (PP2 + ["model.tie_embeddings=true"], "does not compose with model.tie_embeddings=true"),
+        (
+            PP2 + ["layout.compile=blocks"],
+            "layout.compile=blocks does not compose with strategy.pipeline_parallel_size=2",
+        ),
+        (
+            [*PIPELINE, "trainer.devices=4", "strategy.pipeline_parallel_size=2", "strategy.tensor_parallel_size=2"],
+            "strategy.tensor_parallel_size=2 does not compose with strategy.pipeline_parallel_size=2",
+        ),
+        (PP2 + ["+technique=adaptive_batch"], "technique.adaptive_batch does not compose with strategy.pipeline"),
+        (
+            PP2 + ["+technique=seq_len_warmup"],
+            "technique.seq_len_warmup.preallocate=true does not compose with strategy.pipeline_parallel_size=2",
+        ),
+    ],
+    ids=[
+        "processes",
+        "ddp",
+        "blocks",
+        "schedule",
+        "interleaved_stages",
+        "stages_without_interleaving",
+        "micro_batches",
+        "gathered_checkpoint",
+        "tied",
+        "compile",
+        "tensor_parallel",
+        "adaptive_batch",
+        "preallocate",
+    ],
+)
+def test_a_pipeline_that_cannot_run_is_refused_in_one_line(overrides, message, tmp_path):
+    assert_refused_in_one_line(FOUR_BLOCKS + overrides, message, tmp_path)
+
+
+@pytest.mark.parametrize("experiment", EXPERIMENTS)
+def test_every_experiment_composes_with_two_pipeline_stages_or_refuses_in_one_line(experiment, tmp_path):
+    assert_composes_or_refuses_in_one_line([f"+experiment={experiment}", *PP2], "pipeline_parallel_size=2", tmp_path)
+
+
+def test_a_pipeline_s_checkpoint_resumes_on_one_process(tmp_path, tmp_path_factory):
+    """Saved at step 3 of 6 by 2 pipeline stages, resumed whole on one process (FSDP2, which
+    reads the sharded checkpoint): the uninterrupted run's weights (reduction-order noise)."""
+    cache = tmp_path_factory.getbasetemp() / "cache"
+    common = FOUR_BLOCKS + [
+        "trainer.max_steps=6",
+        "logger=none",
+        "callbacks.validation_schedule.every_n_steps=100",
+        "callbacks.model_checkpoint.every_n_train_steps=3",
+    ]
+    full = run_train(common + PP2, tmp_path / "full", cache)
+    assert full.returncode == 0, full.stderr[-3000:]
+    checkpoint = tmp_path / "full" / "checkpoints" / "step000003.ckpt"
+    one = [*PIPELINE, "trainer.devices=1", f"ckpt_path={checkpoint}"]
+    resumed = run_train(common + one, tmp_path / "resumed", cache)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    _, expected = load_lightning_checkpoint(tmp_path / "full" / "checkpoints" / "last.ckpt")
+    _, weights = load_lightning_checkpoint(tmp_path / "resumed" / "checkpoints" / "last.ckpt")
+    assert weights.keys() == expected.keys() and len(weights) == 1 + 4 * 9 + 2
+    for name, value in expected.items():
+        torch.testing.assert_close(weights[name], value, rtol=1e-5, atol=1e-6, msg=name)

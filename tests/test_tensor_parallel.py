@@ -1,7 +1,6 @@
 """Tensor parallelism (and sequence parallelism) on 2 and 4 CPU processes takes one process's
 steps: the per-step loss and the global gradient norm within 1e-5 relative, the same rows."""
 
-import csv
 from pathlib import Path
 
 import pytest
@@ -11,64 +10,27 @@ import torch.multiprocessing as mp
 from torch.distributed.tensor import DTensor
 
 from benchmarks.meta_init_memory import free_port, join_process_group
-from benchmarks.row_log import rows_by_step
-from common.errors import ConfigError
 from lightning_modules.float8 import convert_to_float8
 from lightning_modules.hf_interop import load_lightning_checkpoint
 from lightning_modules.llama import Llama, LlamaSettings
 from lightning_modules.tensor_parallel import apply_tensor_parallel, loss_context
-from settings.from_config import read_settings
-from tests.run_helpers import REPO, TINY, compose_config, export_matches_checkpoint, run_train, train_in_process
+from tests.layout_runs import (
+    EXPERIMENTS,
+    STEPS,
+    assert_composes_or_refuses_in_one_line,
+    assert_one_process_s_steps,
+    assert_refused_in_one_line,
+    one_process_runs,
+    row_log,
+)
+from tests.run_helpers import TINY, export_matches_checkpoint, run_train
 
-# Ten AdamW steps of the tiny model at a global batch of 8, logged every step, validated at
-# steps 5 and 10; 4 heads and 2 key-value heads split over 2 ranks, rows of 32 tokens split
-# into 2 sequence shards.
-STEPS = [
-    "trainer.max_steps=10",
-    "logger=csv",
-    "callbacks.validation_schedule.every_n_steps=5",
-    "trainer.log_every_n_steps=1",
-]
 SHARDED = ["strategy=fsdp2", "trainer.accelerator=cpu", "strategy.save_distributed_checkpoint=false"]
-
-
-def row_log(run_dir: Path) -> list[str]:
-    """Each rank writes the content hashes of the rows it trains on (``benchmarks/row_log.py``)."""
-    return ["+callbacks.row_log._target_=benchmarks.row_log.RowLog", f"+callbacks.row_log.path={run_dir / 'rows'}"]
-
-
-# perf/model_flops_per_token: MFU counts the whole model's FLOPs, whatever the layout.
-COMPARED = ("train/loss", "train/grad_norm", "train/sequences_seen", "perf/model_flops_per_token")
-
-
-def logged(run_dir: Path) -> dict[int, dict[str, float]]:
-    """Each step's loss, gradient norm, sequences seen, FLOPs per token, adaptive-batch
-    statistics and (at steps 5 and 10) validation loss."""
-    steps: dict[int, dict[str, float]] = {}
-    with open(run_dir / "csv" / "metrics.csv") as file:
-        for row in csv.DictReader(file):
-            names = COMPARED + ("adaptive_bs/",) if row.get("train/loss") else ("val/loss",)
-            values = {name: float(value) for name, value in row.items() if value and name.startswith(names)}
-            steps.setdefault(int(row["step"]), {}).update(values)
-    return steps
 
 
 @pytest.fixture(scope="module")
 def one_process(tmp_path_factory):
-    """The one-process run of a set of overrides (run once per set): its steps and rows."""
-    runs: dict[tuple[str, ...], tuple[dict, dict]] = {}
-
-    def run(extra: tuple[str, ...]) -> tuple[dict[int, dict[str, float]], dict[int, list[str]]]:
-        if extra not in runs:
-            run_dir = tmp_path_factory.mktemp("one")
-            result = run_train(
-                TINY + STEPS + list(extra) + row_log(run_dir), run_dir, tmp_path_factory.getbasetemp() / "cache"
-            )
-            assert result.returncode == 0, result.stderr[-3000:]
-            runs[extra] = logged(run_dir), rows_by_step(run_dir / "rows")
-        return runs[extra]
-
-    return run
+    return one_process_runs(tmp_path_factory, TINY)
 
 
 # Muon (Newton-Schulz on the split matrices, which DTensor gathers) and activation
@@ -137,28 +99,8 @@ def test_a_tensor_parallel_run_takes_one_process_s_steps(layout, extra, line, on
     result = run_train(overrides, run_dir, tmp_path_factory.getbasetemp() / "cache", timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     assert f"layout: {line}" in result.stdout + result.stderr
-    reference_steps, reference_rows = one_process(extra)
-    # The two ranks of a tensor-parallel group read the same rows; the groups, one process's.
-    ranks = sorted((run_dir / "rows").glob("rank*.txt"))
-    assert [ranks[i].read_text() for i in range(0, len(ranks), 2)] == [
-        ranks[i].read_text() for i in range(1, len(ranks), 2)
-    ]
-    for rank in ranks[1::2]:
-        rank.unlink()
-    assert rows_by_step(run_dir / "rows") == reference_rows
-    steps = logged(run_dir)
-    assert steps.keys() == reference_steps.keys() and len(steps) == 10
-    for step, metrics in steps.items():
-        assert metrics.keys() == reference_steps[step].keys()
-        assert metrics == pytest.approx(reference_steps[step], rel=1e-5), step
-    # the global rate over every process of the layout: a tensor-parallel rank's tokens are its group's
-    with open(run_dir / "csv" / "metrics.csv") as file:
-        rates = [row for row in csv.DictReader(file) if row.get("perf/tokens_per_sec")]
     processes = int(next(item for item in layout if item.startswith("trainer.devices=")).split("=")[1])
-    assert rates and all(
-        float(row["perf/tokens_per_sec_per_device"]) == pytest.approx(float(row["perf/tokens_per_sec"]) / processes)
-        for row in rates
-    )
+    assert_one_process_s_steps(run_dir, one_process(extra), model_parallel=2, processes=processes)
 
 
 TP2 = ["strategy=fsdp2", "trainer.accelerator=cpu", "trainer.devices=2", "strategy.tensor_parallel_size=2"]
@@ -214,18 +156,12 @@ TP2 = ["strategy=fsdp2", "trainer.accelerator=cpu", "trainer.devices=2", "strate
     ],
 )
 def test_a_layout_that_cannot_split_is_refused_in_one_line(overrides, message, tmp_path):
-    code, stderr = train_in_process(TINY + overrides, tmp_path / "run", tmp_path / "cache")
-    lines = stderr.strip().splitlines()
-    assert code == 2 and lines[-1].startswith("error: ") and message in lines[-1], stderr[-2000:]
-    assert not (tmp_path / "run").exists()
+    assert_refused_in_one_line(TINY + overrides, message, tmp_path)
 
 
-@pytest.mark.parametrize("experiment", sorted(path.stem for path in (REPO / "conf" / "experiment").glob("*.yaml")))
+@pytest.mark.parametrize("experiment", EXPERIMENTS)
 def test_every_experiment_composes_with_two_tensor_parallel_ranks_or_refuses_in_one_line(experiment, tmp_path):
-    try:
-        read_settings(compose_config([f"+experiment={experiment}", *TP2], tmp_path))
-    except ConfigError as error:
-        assert "\n" not in str(error) and "tensor_parallel_size=2" in str(error), str(error)
+    assert_composes_or_refuses_in_one_line([f"+experiment={experiment}", *TP2], "tensor_parallel_size=2", tmp_path)
 
 
 @pytest.mark.parametrize(

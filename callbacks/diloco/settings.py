@@ -11,7 +11,7 @@ from urllib.parse import urlparse
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from callbacks.diloco.exchange import COMPRESSIONS
-from callbacks.technique import TechniqueSettings
+from callbacks.technique import TechniqueSettings, refuse_pipeline
 from settings.run_context import RunContext
 from settings.typed import class_named
 from common.data_groups import DataGroups
@@ -176,6 +176,7 @@ class DiLoCoSettings(TechniqueSettings):
             raise ConfigError(f"{self.key}.outer_optimizer: {error}") from error
 
     def check(self, run: RunContext) -> None:
+        refuse_pipeline(self.key, run, "its replicas and outer step are not built for stages on several ranks yet")
         import torch
 
         self.make_outer_optimizer([torch.zeros(1)])  # the class and its arguments

@@ -15,7 +15,7 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
-from callbacks.technique import TechniqueSettings
+from callbacks.technique import TechniqueSettings, refuse_pipeline
 from settings.run_context import RunContext
 from common.errors import ConfigError
 
@@ -88,6 +88,13 @@ class SeqLenWarmupSettings(TechniqueSettings):
             raise ConfigError(f"{self.key}: difficulties must be > 0 and max_step strictly increasing.")
 
     def check(self, run: RunContext) -> None:
+        if self.preallocate:
+            refuse_pipeline(
+                f"{self.key}.preallocate=true",
+                run,
+                "its full-length pass before training runs the model whole on each rank",
+                f"set {self.key}.preallocate=false",
+            )
         """No length may exceed the packed length: rows cannot grow; under sequence parallelism
         every length splits into the tensor-parallel ranks' equal parts."""
         self._check_shards(run.sequence_shards)
