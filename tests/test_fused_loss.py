@@ -11,6 +11,7 @@ from lightning_modules import liger_kernels
 from lightning_modules.fused_cross_entropy import IGNORE_INDEX, linear_cross_entropy
 from lightning_modules.llama import MLP, Attention, Llama, LlamaSettings, RMSNorm
 from lightning_modules.parallelism import LayoutSettings, apply_layout
+from tests.run_helpers import default_settings
 
 
 def make_case(n: int, d: int, v: int, dtype: torch.dtype = torch.float32, seed: int = 0):
@@ -267,21 +268,7 @@ def test_liger_module_kernels_stay_out_of_graphs_compiled_with_dynamic_shapes(
     layout that compiles with them keeps the plain modules; eager and static compiles swap."""
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(liger_kernels, "liger_fused_linear_cross_entropy", lambda *args, **kwargs: None)
-    layout = LayoutSettings(
-        activation_checkpointing="none",
-        checkpoint_every=1,
-        compile=compile_mode,
-        compile_mode="default",
-        reshard_after_forward=True,
-        fsdp_mixed_precision=False,
-        attention_backend="auto",
-        loss="plain",
-        liger_kernels=True,
-        fused_adamw=False,
-        float8="none",
-        float8_emulate=False,
-        sequence_parallel=True,
-    )
+    layout = default_settings(LayoutSettings, "layout", compile=compile_mode, liger_kernels=True, fused_adamw=False)
     with torch.device("meta"):
         model = Llama(CONFIG)
     apply_layout(model, layout, dynamic_seq_len=dynamic)

@@ -39,7 +39,11 @@ MUON = ("optimizer=muon",)
 CHECKPOINTING = ("layout.activation_checkpointing=full",)
 # The adaptive batch's augmented inner-product test (its norm-test, inner-product and
 # orthogonality statistics, summed over the split matrices' shards), growing the batch.
-ADAPTIVE_BATCH = ("+experiment=adaptive_bs", "technique.adaptive_batch.test=augmented_inner_product")
+ADAPTIVE_BATCH = (
+    "+experiment=adaptive_bs",
+    "technique.adaptive_batch.test=augmented_inner_product",
+    "batch.max_global_batch_size=32",  # from 16: the batch grows, and the steps stay small
+)
 # Sequence-length warmup from 8 to 32 tokens over the ten steps (lengths of 8, 16, 24, 32).
 SEQ_LEN_WARMUP = (
     "+technique=seq_len_warmup",
