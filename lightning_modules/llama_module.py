@@ -81,8 +81,8 @@ class LlamaLightningModule(L.LightningModule):
             checkpoint's instead of the configured one).
         init_state_dict: weights to start from (e.g. converted Hugging Face weights);
             applied when the model is built, before any sharding.
-        pipeline_parallel_size: stages the blocks are split into, one per rank of each
-            pipeline (``pipeline_parallel.py``); 1: none.
+        pipeline_parallel_size: the ranks of each pipeline, over which the blocks are split
+            into stages (``pipeline_parallel.py``); 1: none.
     """
 
     def __init__(

@@ -131,9 +131,9 @@ def assemble(*, processes: int | None, **sections) -> RunSettings:
         shared_settings=sections["shared_settings"],
     )
     replicas = max([technique.sequential_replicas(run) for technique in techniques.values()], default=1)
-    # a pipeline needs a micro-batch per stage in flight (fewer leave ranks idle: refused by the layout's check)
+    # a pipeline needs a micro-batch per rank in flight (fewer leave ranks idle: refused by the layout's check)
     accumulation = max(
-        [technique.min_accumulation(run) for technique in techniques.values()], default=run.pipeline_parallel_size
+        [run.pipeline_parallel_size, *(technique.min_accumulation(run) for technique in techniques.values())]
     )
     groups = max(
         [technique.data_groups() for technique in techniques.values()], key=lambda g: g.count, default=DataGroups()

@@ -59,16 +59,19 @@ class StrategySettings(Section):
         self._check_tensor_parallel(run)
         self._check_pipeline_parallel(run)
 
+    def _splits(self, key: str, size: object, what: str) -> bool:
+        """Whether a model-parallel size (``strategy.<key>``) splits the model: an integer >= 1,
+        above 1 only under FSDP2, whose mesh the splits live in."""
+        if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+            raise ConfigError(f"strategy.{key}={size!r} must be an integer >= 1 (1: no {what}).")
+        if size > 1 and self.name != "fsdp2":
+            raise ConfigError(f"strategy.{key}={size} needs strategy=fsdp2 (ModelParallelStrategy).")
+        return size > 1
+
     def _check_tensor_parallel(self, run: RunContext) -> None:
         size = self.tensor_parallel_size
-        if isinstance(size, bool) or not isinstance(size, int) or size < 1:
-            raise ConfigError(
-                f"strategy.tensor_parallel_size={size!r} must be an integer >= 1 (1: no tensor parallelism)."
-            )
-        if size == 1:
+        if not self._splits("tensor_parallel_size", size, "tensor parallelism"):
             return
-        if self.name != "fsdp2":
-            raise ConfigError(f"strategy.tensor_parallel_size={size} needs strategy=fsdp2 (ModelParallelStrategy).")
         if run.world_size is not None and run.world_size % size:
             raise ConfigError(
                 f"strategy.tensor_parallel_size={size} does not divide the {run.world_size} processes"
@@ -89,14 +92,8 @@ class StrategySettings(Section):
 
     def _check_pipeline_parallel(self, run: RunContext) -> None:
         size = self.pipeline_parallel_size
-        if isinstance(size, bool) or not isinstance(size, int) or size < 1:
-            raise ConfigError(
-                f"strategy.pipeline_parallel_size={size!r} must be an integer >= 1 (1: no pipeline parallelism)."
-            )
-        if size == 1:
+        if not self._splits("pipeline_parallel_size", size, "pipeline parallelism"):
             return
-        if self.name != "fsdp2":
-            raise ConfigError(f"strategy.pipeline_parallel_size={size} needs strategy=fsdp2 (ModelParallelStrategy).")
         model_parallel = size * self.tensor_parallel_size
         if run.world_size is not None and run.world_size % model_parallel:
             raise ConfigError(

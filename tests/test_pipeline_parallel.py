@@ -15,6 +15,7 @@ from benchmarks.meta_init_memory import free_port, join_process_group
 from lightning_modules.hf_interop import load_lightning_checkpoint
 from lightning_modules.llama import Llama, LlamaSettings
 from lightning_modules.pipeline_parallel import Pipeline, keep_stage, rank_stages, stage_blocks
+from settings.from_config import read_settings
 from tests.layout_runs import (
     EXPERIMENTS,
     STEPS,
@@ -24,7 +25,7 @@ from tests.layout_runs import (
     one_process_runs,
     row_log,
 )
-from tests.run_helpers import TINY, run_train
+from tests.run_helpers import TINY, compose_config, run_train
 
 CONFIG = LlamaSettings(vocab_size=64, n_layers=4, d_model=32, n_heads=4, n_kv_heads=2, mlp_hidden=64)
 MICRO_BATCHES, ROWS, LENGTH = 4, 8, 16
@@ -208,6 +209,13 @@ PP2 = [*PIPELINE, "trainer.devices=2", "strategy.pipeline_parallel_size=2"]
 )
 def test_a_pipeline_that_cannot_run_is_refused_in_one_line(overrides, message, tmp_path):
     assert_refused_in_one_line(FOUR_BLOCKS + overrides, message, tmp_path)
+
+
+@pytest.mark.parametrize("technique", [(), ("+technique=constant_batch",)], ids=["alone", "with_a_technique"])
+def test_the_automatic_micro_batch_leaves_a_micro_batch_per_pipeline_rank(technique, tmp_path):
+    overrides = [*FOUR_BLOCKS, "batch.micro_batch_size=null", "batch.global_batch_size=16", *technique, *PP2]
+    batch = read_settings(compose_config(overrides, tmp_path)).run.global_batch()
+    assert batch.accumulation >= 2 and batch.micro_batch_size * batch.accumulation == 16
 
 
 @pytest.mark.parametrize("experiment", EXPERIMENTS)
