@@ -241,7 +241,6 @@ class LayoutSettings(Section):
                 f" stages, more than model.n_layers={run.model.n_layers} blocks; choose at most one stage per block."
             )
         unsupported = {
-            "strategy.tensor_parallel_size": (run.tensor_parallel_size, 1),
             "layout.loss": (self.loss, "plain"),
             "layout.compile": (self.compile, "none"),
             "layout.float8": (self.float8, "none"),

@@ -320,6 +320,9 @@ class Llama(nn.Module):
     #: Whether the head is split by vocabulary over a tensor-parallel group
     #: (``tensor_parallel.py``): the loss and its backward then run in ``loss_context``.
     vocabulary_parallel: bool = False
+    #: The pieces the residual stream is split into along the sequence (sequence parallelism,
+    #: ``tensor_parallel.py``): a later pipeline stage receives one piece of each row.
+    sequence_shards: int = 1
 
     def __init__(self, config: LlamaSettings) -> None:
         super().__init__()
@@ -408,7 +411,8 @@ class Llama(nn.Module):
         ``input_ids``, and without the head it returns its own.
         """
         if position_ids is None:  # the row's length, from the ids or a later stage's hidden states
-            position_ids = torch.arange(input_ids.size(1), device=input_ids.device).unsqueeze(0)
+            length = input_ids.size(1) * (1 if self.tok_embeddings is not None else self.sequence_shards)
+            position_ids = torch.arange(length, device=input_ids.device).unsqueeze(0)
         h = input_ids if self.tok_embeddings is None else self.tok_embeddings(input_ids)
         cos, sin = rotary_cos_sin(position_ids, self.config.head_dim, self.config.rope_theta)
         cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)  # broadcast over heads

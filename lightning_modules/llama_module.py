@@ -154,14 +154,8 @@ class LlamaLightningModule(L.LightningModule):
         stages = None
         if self.pipeline_parallel_size > 1:
             mesh, stages = self._keep_pipeline_stages(model, mesh)
-        if split is not None and self.global_rank == 0:
-            sequence = "with" if self.layout.sequence_parallel else "without"
-            log.info(
-                "layout: %d data-parallel x %d tensor-parallel ranks, %s sequence parallelism",
-                self.device_mesh["data_parallel"].size(),
-                split.size(),
-                sequence,
-            )
+        if (split is not None or stages is not None) and self.global_rank == 0:
+            log.info("layout: %s", self._describe_layout(mesh, stages, split))
         apply_layout(model, self.layout, mesh, dynamic, split, stages.views if stages is not None else None)
         self._float8_scales_per_step = float8_all_gather(self.layout.float8, sharded=mesh is not None)
         seed = seed_from_global_rng()
@@ -179,6 +173,7 @@ class LlamaLightningModule(L.LightningModule):
         self.training_state.gradient_group_size = mesh.size() if mesh is not None else self._world_size
         if stages is not None:
             self._pipeline = stages.pipeline(model, self.layout.pipeline_schedule)
+            self.training_state.pipeline_group = stages.group
 
     def _keep_pipeline_stages(self, model: Llama, mesh: DeviceMesh) -> tuple[DeviceMesh, RankStages]:
         """Reduce the model to this rank's stages; FSDP2 then shards them over the ranks
@@ -186,15 +181,20 @@ class LlamaLightningModule(L.LightningModule):
         data, pipeline = split_data_parallel(mesh, self.pipeline_parallel_size)
         stages = RankStages(pipeline, self.layout.stages_per_rank, self.model_config.n_layers)
         stages.keep(model)
-        if self.global_rank == 0:
-            log.info(
-                "layout: %d data-parallel x %d pipeline ranks, %d stages (%s schedule)",
-                data.size(),
-                pipeline.size(),
-                stages.count,
-                self.layout.pipeline_schedule,
-            )
         return data, stages
+
+    def _describe_layout(self, data: DeviceMesh, stages: RankStages | None, split: DeviceMesh | None) -> str:
+        """For the log: '2 data-parallel x 2 pipeline x 2 tensor-parallel ranks, 4 stages
+        (1f1b schedule), with sequence parallelism'."""
+        sizes = [f"{data.size()} data-parallel"]
+        details = []
+        if stages is not None:
+            sizes.append(f"{self.pipeline_parallel_size} pipeline")
+            details.append(f"{stages.count} stages ({self.layout.pipeline_schedule} schedule)")
+        if split is not None:
+            sizes.append(f"{split.size()} tensor-parallel")
+            details.append(f"{'with' if self.layout.sequence_parallel else 'without'} sequence parallelism")
+        return " x ".join(sizes) + " ranks, " + ", ".join(details)
 
     @property
     def _build_device(self) -> torch.device:
@@ -302,16 +302,21 @@ class LlamaLightningModule(L.LightningModule):
         """Collect the step's micro-batches; at the last, run them through the pipeline's
         schedule (forward and backward, gradients averaged over them). Returns what this
         micro-batch adds to the step's summed loss: the step's mean loss times the micro-batch
-        count at the last one, so the step's mean is the pipeline's; zero before it."""
+        count at the last one, so the step's mean is the pipeline's; zero before it. A step
+        whose micro-batches must each leave their own gradient (``StepCallback``) runs each
+        through the pipeline alone."""
         state = self.training_state
+        accumulation = state.global_batch.accumulation
+        if any(callback.needs_micro_step_gradients(state) for callback in self.step_callbacks):
+            with attention_backend(self.layout.attention_backend):
+                return self._pipeline.step(batch["input_ids"], batch["labels"], 1, accumulation)
         self._pipeline_rows.append(batch)
         if not state.is_last_micro_batch:
             return torch.zeros((), device=self.device)
         rows = {key: torch.cat([part[key] for part in self._pipeline_rows]) for key in ("input_ids", "labels")}
         self._pipeline_rows = []
-        accumulation = state.global_batch.accumulation
         with attention_backend(self.layout.attention_backend):
-            return self._pipeline.step(rows["input_ids"], rows["labels"], accumulation) * accumulation
+            return self._pipeline.step(rows["input_ids"], rows["labels"], accumulation, accumulation) * accumulation
 
     def _finish_step(self) -> None:
         state = self.training_state
@@ -364,7 +369,7 @@ class LlamaLightningModule(L.LightningModule):
         Lightning calls this inside ``optimizer.step()``, after a 16-bit loss scaler has
         unscaled the gradients, so the norm is that of the true gradients in every precision.
         """
-        across = self._pipeline.group if self._pipeline is not None else None
+        across = self.training_state.pipeline_group
         self._grad_norm = clip_grad_norm(self.model, self.optimizer_config.grad_clip or math.inf, across)
 
     def _ends_training(self) -> bool:

@@ -88,16 +88,29 @@ def micro_batch_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor
     return F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten())
 
 
+class ScaledLoss:
+    """A micro-batch's loss divided by the optimizer step's micro-batch count, so that its
+    gradient is the micro-batch's share of the step's mean (as under gradient accumulation)
+    however many of the step's micro-batches one schedule run takes."""
+
+    def __init__(self, divisor: int) -> None:
+        self.divisor = divisor
+
+    def __call__(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        return micro_batch_loss(logits, labels) / self.divisor
+
+
 class Pipeline:
     """This rank's stages and the schedules that run an optimizer step, or a validation
     batch, through them.
 
     A stage learns the shapes it sends and receives at its first step, so a schedule serves
-    one shape of the step's rows and one number of micro-batches: when the global batch
-    changes that number (a batch schedule) or the rows change length (sequence-length
-    warmup), the next step builds stages and a schedule for the new shape (over the same
-    modules). Validation runs each batch forward as one micro-batch (GPipe's schedule; with
-    several stages per rank, the looped breadth-first one), with stages of its own.
+    one shape of the rows, one number of micro-batches and one loss scale: when the global
+    batch changes the number (a batch schedule), the rows change length (sequence-length
+    warmup) or a step runs its micro-batches one at a time (``step``), the step builds
+    stages and a schedule for it (over the same modules), kept while the rows' shape lasts.
+    Validation runs each batch forward as one micro-batch (GPipe's schedule; with several
+    stages per rank, the looped breadth-first one), with stages of its own.
     """
 
     def __init__(
@@ -110,7 +123,7 @@ class Pipeline:
         # the last stage is on the pipeline's last rank (rank_stages' looped order)
         self.last_rank = dist.get_global_rank(group, group.size() - 1)
         self.schedule_name = schedule
-        self._training: tuple[tuple, object] | None = None
+        self._training: dict[tuple, object] = {}
         self._evaluation: tuple[tuple, object] | None = None
 
     def _stages(self) -> list[PipelineStage]:
@@ -119,14 +132,18 @@ class Pipeline:
             for module, index in zip(self.modules, self.indices)
         ]
 
-    def _training_schedule(self, micro_batches: int, shape: torch.Size):
-        key = (micro_batches, tuple(shape))
-        if self._training is None or self._training[0] != key:
-            kind = SCHEDULES[self.schedule_name]
+    def _training_schedule(self, micro_batches: int, shape: torch.Size, divisor: int):
+        key = (micro_batches, tuple(shape), divisor)
+        if key not in self._training:
+            if any(cached[1] != key[1] for cached in self._training):
+                self._training = {}  # a new length or batch: the old shapes do not come back soon
+            kind = SCHEDULES[self.schedule_name] if micro_batches > 1 else ScheduleGPipe
             stages = self._stages()
-            chosen = stages if kind is ScheduleInterleaved1F1B else stages[0]
-            self._training = key, kind(chosen, micro_batches, loss_fn=micro_batch_loss)
-        return self._training[1]
+            if len(stages) > 1 and kind is not ScheduleInterleaved1F1B:  # one micro-batch through looped stages
+                kind = ScheduleLoopedBFS
+            chosen = stages if len(stages) > 1 else stages[0]
+            self._training[key] = kind(chosen, micro_batches, loss_fn=ScaledLoss(divisor), scale_grads=False)
+        return self._training[key]
 
     def _evaluation_schedule(self, shape: torch.Size):
         key = tuple(shape)
@@ -139,12 +156,15 @@ class Pipeline:
             self._evaluation = key, schedule
         return self._evaluation[1]
 
-    def step(self, input_ids: torch.Tensor, labels: torch.Tensor, micro_batches: int) -> torch.Tensor:
-        """Forward and backward of one optimizer step's rows (split into ``micro_batches``
-        along the batch); the mean of the micro-batches' losses, on every rank of the
+    def step(self, input_ids: torch.Tensor, labels: torch.Tensor, micro_batches: int, divisor: int) -> torch.Tensor:
+        """Forward and backward of ``micro_batches`` micro-batches of an optimizer step of
+        ``divisor`` (the rows, split along the batch): the whole step in one run, or one of
+        its micro-batches when each must leave its own gradient (the adaptive batch's
+        samples; a run of one micro-batch idles every rank but one, the pipeline's bubble at
+        its widest). Returns the mean of the micro-batches' losses, on every rank of the
         pipeline. Every rank of the pipeline passes the same rows."""
-        schedule = self._training_schedule(micro_batches, input_ids.shape)
-        return self._run(schedule.step, input_ids, labels)
+        schedule = self._training_schedule(micro_batches, input_ids.shape, divisor)
+        return self._run(schedule.step, input_ids, labels) * divisor
 
     @torch.no_grad()
     def evaluate(self, input_ids: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:

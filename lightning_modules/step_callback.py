@@ -41,6 +41,12 @@ class StepCallback(L.Callback):
     def on_step_end(self, state: TrainingState) -> None:
         """After the optimizer step, the clock advance and the stop decision."""
 
+    def needs_micro_step_gradients(self, state: TrainingState) -> bool:
+        """Whether this step's micro-batches must each leave their own gradient in ``.grad``
+        before the next adds to it (at ``on_micro_batch_end``): a pipeline then runs them one
+        at a time instead of together. Asked at every micro-batch, after ``on_step_start``."""
+        return False
+
     def allows_stop(self, state: TrainingState) -> bool:
         """Whether training may stop after this optimizer step (e.g. not in the middle of a global step)."""
         return True

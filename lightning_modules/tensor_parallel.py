@@ -49,15 +49,13 @@ if TYPE_CHECKING:
 def apply_tensor_parallel(model: nn.Module, mesh: DeviceMesh, sequence_parallel: bool) -> None:
     """Split ``model`` (a ``Llama``) over the one-dimensional tensor-parallel ``mesh``, in place."""
     between = Shard(1) if sequence_parallel else Replicate()  # the residual stream between blocks
-    parallelize_module(
-        model,
-        mesh,
-        {
-            "tok_embeddings": RowwiseParallel(input_layouts=Replicate(), output_layouts=between),
-            "output": ColwiseParallel(input_layouts=between, output_layouts=Shard(-1), use_local_output=False),
-            **({"norm": SequenceParallel()} if sequence_parallel else {}),
-        },
-    )
+    outer = {
+        "tok_embeddings": RowwiseParallel(input_layouts=Replicate(), output_layouts=between),
+        "output": ColwiseParallel(input_layouts=between, output_layouts=Shard(-1), use_local_output=False),
+        **({"norm": SequenceParallel()} if sequence_parallel else {}),
+    }
+    # a pipeline stage holds the embedding only first, the head and final norm only last
+    parallelize_module(model, mesh, {name: style for name, style in outer.items() if getattr(model, name) is not None})
     for block in model.layers.values():
         plan = {
             "attention.q_proj": ColwiseParallel(),
@@ -81,6 +79,7 @@ def apply_tensor_parallel(model: nn.Module, mesh: DeviceMesh, sequence_parallel:
         parallelize_module(block, mesh, plan)
     model.loss_kernel = None  # the loss goes through the split output layer
     model.vocabulary_parallel = True
+    model.sequence_shards = mesh.size() if sequence_parallel else 1
 
 
 def loss_context(model: "Llama") -> AbstractContextManager:

@@ -27,7 +27,8 @@ What it holds:
 - **metrics**: ``record_metric`` (values may stay on the device: they are read once, on
   logging steps), ``log_now`` to log a step off the usual interval;
 - **what is trained**: ``model``, ``optimizer``, ``model_config``, ``layout``, ``device``,
-  and ``gradient_group_size`` (the ranks whose gradients one optimizer step averages);
+  ``gradient_group_size`` (the ranks whose gradients one optimizer step averages) and
+  ``pipeline_group`` (the ranks holding the model's other pipeline stages);
 - **how the run ended**: ``weights_note``, set by a technique whose job ends on weights
   that are not the run's (a DiLoCo group left behind its peers): the checkpoints record it,
   the scripts that read checkpoints refuse them, and ``train.py`` ends with it in one line.
@@ -103,6 +104,9 @@ class TrainingState:
         #: Ranks whose gradients are averaged into one optimizer step: all of them, or one
         #: DiLoCo replica's (set by the training module once the model is laid out).
         self.gradient_group_size = 1
+        #: The ranks holding the other stages of this rank's model (pipeline parallelism): a
+        #: total over the whole model's parameters adds over them. None without a pipeline.
+        self.pipeline_group: "torch.distributed.ProcessGroup | None" = None
         self.micro_batch_index = 0
         self.seq_len = 0
         self.step_loss: torch.Tensor | None = None  # the step's mean loss over all ranks

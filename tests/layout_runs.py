@@ -24,6 +24,19 @@ STEPS = [
 ]
 # perf/model_flops_per_token: MFU counts the whole model's FLOPs, whatever the layout.
 COMPARED = ("train/loss", "train/grad_norm", "train/sequences_seen", "perf/model_flops_per_token")
+# The adaptive batch's augmented inner-product test (its norm-test, inner-product and
+# orthogonality statistics, summed over the ranks that split the model), growing the batch.
+ADAPTIVE_BATCH = (
+    "+experiment=adaptive_bs",
+    "technique.adaptive_batch.test=augmented_inner_product",
+    "batch.max_global_batch_size=32",  # from 16: the batch grows, and the steps stay small
+)
+# Sequence-length warmup from 8 to 32 tokens over the ten steps (lengths of 8, 16, 24, 32).
+SEQ_LEN_WARMUP = (
+    "+technique=seq_len_warmup",
+    "technique.seq_len_warmup.total_curriculum_step=8",
+    "technique.seq_len_warmup.preallocate=false",
+)
 Steps = dict[int, dict[str, float]]
 Rows = dict[int, list[str]]
 

@@ -17,7 +17,9 @@ from lightning_modules.llama import Llama, LlamaSettings
 from lightning_modules.pipeline_parallel import Pipeline, keep_stage, rank_stages, stage_blocks
 from settings.from_config import read_settings
 from tests.layout_runs import (
+    ADAPTIVE_BATCH,
     EXPERIMENTS,
+    SEQ_LEN_WARMUP,
     STEPS,
     assert_composes_or_refuses_in_one_line,
     assert_one_process_s_steps,
@@ -54,9 +56,10 @@ def test_stages_in_a_chain_are_the_whole_model():
     torch.testing.assert_close(hidden, whole(tokens), rtol=0, atol=0)
 
 
-def pipelined(rank: int, port: int, schedule: str, stages_per_rank: int, out_dir: str) -> None:
-    """One optimizer step's rows through a 2-rank pipeline; rank by rank, the largest relative
-    difference of a gradient (and, on the last stage's rank, of the loss) from the whole model's."""
+def pipelined(rank: int, port: int, schedule: str, stages_per_rank: int, one_at_a_time: bool, out_dir: str) -> None:
+    """One optimizer step's rows through a 2-rank pipeline (together, or a micro-batch at a
+    time as the adaptive batch's tested steps run); rank by rank, the largest relative
+    difference of a gradient (and of the step's loss) from the whole model's."""
     group = join_process_group(rank, 2, port).get_group()
     torch.manual_seed(0)
     whole = Llama(CONFIG)
@@ -70,7 +73,12 @@ def pipelined(rank: int, port: int, schedule: str, stages_per_rank: int, out_dir
         modules.append(module)
     tokens = torch.randint(0, 64, (ROWS, LENGTH + 1), generator=torch.Generator().manual_seed(1))
     inputs, labels = tokens[:, :-1], tokens[:, 1:]
-    loss = Pipeline(modules, indices, count, group, schedule).step(inputs, labels, MICRO_BATCHES)
+    pipeline = Pipeline(modules, indices, count, group, schedule)
+    if one_at_a_time:
+        chunks = zip(inputs.chunk(MICRO_BATCHES), labels.chunk(MICRO_BATCHES))
+        loss = sum(pipeline.step(*chunk, 1, MICRO_BATCHES) for chunk in chunks) / MICRO_BATCHES
+    else:
+        loss = pipeline.step(inputs, labels, MICRO_BATCHES, MICRO_BATCHES)
     # the reference: gradient accumulation over the same micro-batches
     reference = 0.0
     for chunk_inputs, chunk_labels in zip(inputs.chunk(MICRO_BATCHES), labels.chunk(MICRO_BATCHES)):
@@ -88,9 +96,19 @@ def pipelined(rank: int, port: int, schedule: str, stages_per_rank: int, out_dir
     dist.destroy_process_group()
 
 
-@pytest.mark.parametrize(("schedule", "stages_per_rank"), [("gpipe", 1), ("1f1b", 1), ("interleaved_1f1b", 2)])
-def test_a_pipelined_step_takes_one_process_s_gradients(schedule, stages_per_rank, tmp_path):
-    mp.spawn(pipelined, args=(free_port(), schedule, stages_per_rank, str(tmp_path)), nprocs=2)
+@pytest.mark.parametrize(
+    ("schedule", "stages_per_rank", "one_at_a_time"),
+    [
+        ("gpipe", 1, False),
+        ("1f1b", 1, False),
+        ("interleaved_1f1b", 2, False),
+        ("1f1b", 1, True),
+        ("interleaved_1f1b", 2, True),
+    ],
+    ids=["gpipe", "1f1b", "interleaved", "1f1b_one_at_a_time", "interleaved_one_at_a_time"],
+)
+def test_a_pipelined_step_takes_one_process_s_gradients(schedule, stages_per_rank, one_at_a_time, tmp_path):
+    mp.spawn(pipelined, args=(free_port(), schedule, stages_per_rank, one_at_a_time, str(tmp_path)), nprocs=2)
     parameters_per_block = 9  # two norms, four attention and three MLP matrices
     first, last = (torch.load(tmp_path / f"rank{rank}.pt") for rank in (0, 1))
     # rank 0 holds the embedding and the first blocks, rank 1 the last blocks, norm and head; both the loss
@@ -109,13 +127,9 @@ def one_process(tmp_path_factory):
     return one_process_runs(tmp_path_factory, FOUR_BLOCKS)
 
 
-# Sequence-length warmup from 8 to 32 tokens over the ten steps (stages learn each new shape),
-# and a batch warmup from 8 to 16 sequences after step 4 (4, then 8 micro-batches a step).
-SEQ_LEN_WARMUP = (
-    "+technique=seq_len_warmup",
-    "technique.seq_len_warmup.total_curriculum_step=8",
-    "technique.seq_len_warmup.preallocate=false",
-)
+# Sequence-length warmup (stages learn each new shape); a batch warmup from 8 to 16 sequences
+# after step 4 (4, then 8 micro-batches a step); the adaptive batch, whose tested steps run
+# each micro-batch through the pipeline alone, growing the batch (and the micro-batch count).
 BATCH_WARMUP = (
     "+technique=batch_warmup",
     "technique.batch_warmup.stage_sizes=[8,16]",
@@ -134,11 +148,26 @@ P2 = ["trainer.devices=2"]
             "1 data-parallel x 2 pipeline ranks, 4 stages (interleaved_1f1b",
         ),
         (["trainer.devices=4"], (), "2 data-parallel x 2 pipeline ranks, 2 stages (1f1b"),
+        (
+            ["trainer.devices=4", "strategy.tensor_parallel_size=2", "layout.sequence_parallel=true"],
+            (),
+            "1 data-parallel x 2 pipeline x 2 tensor-parallel ranks, 2 stages (1f1b schedule), with sequence",
+        ),
         (P2, SEQ_LEN_WARMUP, "1 data-parallel x 2 pipeline ranks, 2 stages (1f1b"),
         (P2, BATCH_WARMUP, "1 data-parallel x 2 pipeline ranks, 2 stages (1f1b"),
+        (P2, ADAPTIVE_BATCH, "1 data-parallel x 2 pipeline ranks, 2 stages (1f1b"),
         (P2, ("optimizer=muon",), "1 data-parallel x 2 pipeline ranks, 2 stages (1f1b"),
     ],
-    ids=["P2_gpipe", "P2_interleaved", "D2xP2", "P2_seq_len_warmup", "P2_batch_warmup", "P2_muon"],
+    ids=[
+        "P2_gpipe",
+        "P2_interleaved",
+        "D2xP2",
+        "P2xT2_sequence_parallel",
+        "P2_seq_len_warmup",
+        "P2_batch_warmup",
+        "P2_adaptive_batch",
+        "P2_muon",
+    ],
 )
 def test_a_pipelined_run_takes_one_process_s_steps(layout, extra, line, one_process, tmp_path, tmp_path_factory):
     run_dir = tmp_path / "run"
@@ -147,7 +176,8 @@ def test_a_pipelined_run_takes_one_process_s_steps(layout, extra, line, one_proc
     assert result.returncode == 0, result.stderr[-3000:]
     assert f"layout: {line}" in result.stdout + result.stderr
     processes = int(layout[0].split("=")[1])
-    assert_one_process_s_steps(run_dir, one_process(extra), model_parallel=2, processes=processes)
+    model_parallel = 4 if "strategy.tensor_parallel_size=2" in layout else 2
+    assert_one_process_s_steps(run_dir, one_process(extra), model_parallel, processes)
 
 
 PP2 = [*PIPELINE, "trainer.devices=2", "strategy.pipeline_parallel_size=2"]
@@ -182,11 +212,6 @@ PP2 = [*PIPELINE, "trainer.devices=2", "strategy.pipeline_parallel_size=2"]
             "layout.compile=blocks does not compose with strategy.pipeline_parallel_size=2",
         ),
         (
-            [*PIPELINE, "trainer.devices=4", "strategy.pipeline_parallel_size=2", "strategy.tensor_parallel_size=2"],
-            "strategy.tensor_parallel_size=2 does not compose with strategy.pipeline_parallel_size=2",
-        ),
-        (PP2 + ["+technique=adaptive_batch"], "technique.adaptive_batch does not compose with strategy.pipeline"),
-        (
             PP2 + ["+technique=seq_len_warmup"],
             "technique.seq_len_warmup.preallocate=true does not compose with strategy.pipeline_parallel_size=2",
         ),
@@ -202,8 +227,6 @@ PP2 = [*PIPELINE, "trainer.devices=2", "strategy.pipeline_parallel_size=2"]
         "gathered_checkpoint",
         "tied",
         "compile",
-        "tensor_parallel",
-        "adaptive_batch",
         "preallocate",
     ],
 )

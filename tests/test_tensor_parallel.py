@@ -15,7 +15,9 @@ from lightning_modules.hf_interop import load_lightning_checkpoint
 from lightning_modules.llama import Llama, LlamaSettings
 from lightning_modules.tensor_parallel import apply_tensor_parallel, loss_context
 from tests.layout_runs import (
+    ADAPTIVE_BATCH,
     EXPERIMENTS,
+    SEQ_LEN_WARMUP,
     STEPS,
     assert_composes_or_refuses_in_one_line,
     assert_one_process_s_steps,
@@ -37,19 +39,6 @@ def one_process(tmp_path_factory):
 # checkpointing once each under T = 2.
 MUON = ("optimizer=muon",)
 CHECKPOINTING = ("layout.activation_checkpointing=full",)
-# The adaptive batch's augmented inner-product test (its norm-test, inner-product and
-# orthogonality statistics, summed over the split matrices' shards), growing the batch.
-ADAPTIVE_BATCH = (
-    "+experiment=adaptive_bs",
-    "technique.adaptive_batch.test=augmented_inner_product",
-    "batch.max_global_batch_size=32",  # from 16: the batch grows, and the steps stay small
-)
-# Sequence-length warmup from 8 to 32 tokens over the ten steps (lengths of 8, 16, 24, 32).
-SEQ_LEN_WARMUP = (
-    "+technique=seq_len_warmup",
-    "technique.seq_len_warmup.total_curriculum_step=8",
-    "technique.seq_len_warmup.preallocate=false",
-)
 
 
 @pytest.mark.parametrize(

@@ -76,7 +76,8 @@ class AdaptiveBatchSize(StepCallback):
             self._ranks = RankSamples(trainer.strategy.model, keep, state.device)
         else:
             parameters = list(state.model.parameters())
-            self._micro = MicroStepSamples(parameters, fsdp1_shard_groups(trainer), keep, state.device)
+            groups = fsdp1_shard_groups(trainer)
+            self._micro = MicroStepSamples(parameters, groups, keep, state.device, state.pipeline_group)
         if state.clock.steps == 0 and self.settings.min_global_batch_size:
             state.request_global_batch(self.settings.min_global_batch_size)
 
@@ -90,6 +91,9 @@ class AdaptiveBatchSize(StepCallback):
             self._ranks.start()
         if self._micro is not None:
             self._micro.start()  # a run resumed mid-step redoes the whole step
+
+    def needs_micro_step_gradients(self, state: TrainingState) -> bool:
+        return self._testing and self._micro is not None
 
     def on_micro_batch_end(self, state: TrainingState) -> None:
         if not self._testing:

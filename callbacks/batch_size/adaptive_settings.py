@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, ClassVar
 
 from callbacks.batch_size.lr_scaling import LRScaling, check_lr_scaling, lr_scaling_for
 from callbacks.batch_size.noise_tests import TESTS
-from callbacks.technique import TechniqueSettings, refuse_pipeline
+from callbacks.technique import TechniqueSettings
 from common.errors import ConfigError
 from settings.run_context import RunContext
 
@@ -88,9 +88,6 @@ class AdaptiveBatchSettings(TechniqueSettings):
         return 2 if self.sample_kind(run.strategy) == "micro_batch" else 1
 
     def check(self, run: RunContext) -> None:
-        refuse_pipeline(
-            self.key, run, "its samples are each micro-step's gradient, which a pipeline schedule never holds apart"
-        )
         if self.read_next_step and run.sequential_replicas > 1:
             raise ConfigError(
                 f"{self.key}.read_next_step=true does not compose with simulated DiLoCo replicas (their turns'"

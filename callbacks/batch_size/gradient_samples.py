@@ -81,13 +81,19 @@ class MicroStepSamples:
     """
 
     def __init__(
-        self, parameters: list[torch.nn.Parameter], plain_tensor_groups: Groups, keep: bool, device: torch.device
+        self,
+        parameters: list[torch.nn.Parameter],
+        plain_tensor_groups: Groups,
+        keep: bool,
+        device: torch.device,
+        across: dist.ProcessGroup | None = None,
     ) -> None:
         # Parameters grouped by the ranks that hold pieces of them: the same keys on every rank.
         self.by_groups: dict[Groups, list[torch.nn.Parameter]] = {}
         for parameter in parameters:
             self.by_groups.setdefault(shard_groups(parameter, plain_tensor_groups), []).append(parameter)
         self.keep, self.device = keep, device
+        self.across = across  # the ranks holding the model's other pipeline stages
         self.start()
 
     def start(self) -> None:
@@ -130,6 +136,8 @@ class MicroStepSamples:
             dots = [_dots(sample, grads, self.device) * n for sample in self._kept[key]]
             partials[key] = torch.stack([self._sum_sq[key], squared_norms(grads, self.device), *dots])
         totals = sum_over_shards(partials)
+        if self.across is not None:
+            dist.all_reduce(totals, group=self.across)
         self.start()
         if self.keep:
             dots = totals[2:]
