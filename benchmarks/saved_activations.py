@@ -49,6 +49,50 @@ def saved_activation_bytes(run: Callable[[], object], parameters: Iterable[torch
     return sum(saved.values())
 
 
+class LiveSaved:
+    """The bytes of the distinct storages autograd holds for backward right now, and their
+    peak while it was installed: a saved tensor counts until its graph is freed (after its
+    backward), so a pipeline schedule's micro-batches in flight add up, and those it has
+    finished drop out. Parameters' storages are left out."""
+
+    def __init__(self, parameters: Iterable[torch.Tensor]) -> None:
+        self.excluded = {storage_key(p.to_local() if isinstance(p, DTensor) else p) for p in parameters}
+        self.live: dict[int, list[int]] = {}  # storage -> [holders, bytes]
+        self.now = self.peak = 0
+
+    def _pack(self, tensor: torch.Tensor) -> object:
+        storage = local_tensor(tensor).untyped_storage()
+        key = storage.data_ptr()
+        if key in self.excluded:
+            return tensor
+        entry = self.live.setdefault(key, [0, storage.nbytes()])
+        if entry[0] == 0:
+            self.now += entry[1]
+            self.peak = max(self.peak, self.now)
+        entry[0] += 1
+        return _Held(tensor, self, key)
+
+    def _release(self, key: int) -> None:
+        entry = self.live[key]
+        entry[0] -= 1
+        if entry[0] == 0:
+            self.now -= entry[1]
+            del self.live[key]
+
+    def hooks(self) -> torch.autograd.graph.saved_tensors_hooks:
+        return torch.autograd.graph.saved_tensors_hooks(self._pack, lambda held: getattr(held, "tensor", held))
+
+
+class _Held:
+    """A saved tensor as autograd keeps it: released from the count when autograd drops it."""
+
+    def __init__(self, tensor: torch.Tensor, owner: LiveSaved, key: int) -> None:
+        self.tensor, self.owner, self.key = tensor, owner, key
+
+    def __del__(self) -> None:
+        self.owner._release(self.key)
+
+
 def block_bytes_per_token(
     config: LlamaSettings,
     precision: str,

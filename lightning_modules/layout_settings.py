@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from common.errors import ConfigError
 from lightning_modules.float8 import FLOAT8_DIM_MULTIPLE, FLOAT8_RECIPES, float8_device_problem, torchao_available
-from lightning_modules.memory_plan import MemoryPlan, check_fits, memory_plan
+from lightning_modules.memory_plan import MemoryPlan, PipelineShape, check_fits, memory_plan
 from settings.run_context import RunContext
 from settings.section import Section
 
@@ -140,14 +140,21 @@ class LayoutSettings(Section):
         return run.strategy == "fsdp2" and self.fsdp_mixed_precision
 
     def memory_plan(self, run: RunContext) -> MemoryPlan:
-        """One device's memory on paper (``memory_plan.py``), the weights sharded over every
-        process under FSDP (services phase: the model's vocabulary comes from the tokenizer)."""
+        """One device's memory on paper (``memory_plan.py``), each stage's weights sharded over
+        every process that holds it under FSDP (services phase: the model's vocabulary comes
+        from the tokenizer)."""
         fsdp = run.strategy in SHARDING_STRATEGIES
+        stages = run.pipeline_parallel_size
+        batch = run.global_batch()
+        pipeline = None
+        if stages > 1 and batch is not None:
+            pipeline = PipelineShape(stages, self.pipeline_schedule, self.stages_per_rank, batch.accumulation)
         return memory_plan(
             run.model_with_vocab(),
             precision=run.precision,
             optimizer=run.optimizer,
-            shards=run.world_size if fsdp and run.world_size else 1,
+            shards=run.world_size // stages if fsdp and run.world_size else 1,
+            pipeline=pipeline,
             bf16_weights=self.gathers_bf16_weights(run),
             micro_batch=run.micro_batch_size,
             seq_len=run.seq_len,

@@ -34,12 +34,24 @@ recomputed; with ``checkpoint_every`` n, only the blocks 0, n, 2n, ... are check
 the others keep everything. The loss adds the fp32 logits and their gradient (``plain``: 10
 bytes per vocabulary entry, 1/T of the vocabulary under tensor parallelism, whose loss is
 taken on the split logits) or a chunk's worth (``chunked``, ``liger``).
+
+Under pipeline parallelism over P ranks (``PipelineShape``) a rank holds its stages' blocks
+(the first also the embedding, the last the final norm and the head) and keeps the
+activations of as many micro-batches as its schedule has in flight at once: GPipe all m of
+the step's; 1F1B min(m, P - r) on rank r (the first rank the most); interleaved 1F1B with v
+stages per rank min(m v, (v - 1) P + 2 (P - 1 - r) + 1) stage-chunks of 1/v of its blocks
+each (PyTorch's warm-up count plus the one being formed). The rank holding the first stage
+keeps one micro-batch more through that stage's blocks: PyTorch 2.13's stage keeps the
+graph of the forward it runs to learn its shapes (measured: 0.5 to 0.75 of a micro-batch
+at d_model 32). The last stage takes its loss on logits gathered whole under tensor
+parallelism. The plan is the rank that needs the most.
 """
 
 from dataclasses import dataclass
 
 from common.errors import ConfigError
 from lightning_modules.llama import LlamaSettings, count_parameters
+from lightning_modules.pipeline_stages import rank_stages, stage_blocks
 
 GIB = 2**30
 OPTIMIZER_STATES = {"adamw": 2, "muon": 1}  # values per parameter (Muon: a lower bound, its AdamW part has 2)
@@ -119,17 +131,67 @@ def block_activation_bytes(model: LlamaSettings, layout: ActivationLayout, check
     return kept[checkpointing]
 
 
+@dataclass(frozen=True)
+class PipelineShape:
+    """A pipeline's ranks, schedule and stages per rank, and the micro-batches of a step."""
+
+    ranks: int
+    schedule: str
+    stages_per_rank: int
+    micro_batches: int
+
+    def stages(self, rank: int) -> list[int]:
+        return rank_stages(rank, self.ranks, self.stages_per_rank)
+
+    def blocks(self, model: LlamaSettings, rank: int) -> list[int]:
+        """The blocks rank ``rank`` holds."""
+        every = stage_blocks(model.n_layers, self.ranks * self.stages_per_rank)
+        return [block for stage in self.stages(rank) for block in every[stage]]
+
+    def first_stage_blocks(self, model: LlamaSettings) -> list[int]:
+        return list(stage_blocks(model.n_layers, self.ranks * self.stages_per_rank)[0])
+
+    def in_flight(self, rank: int) -> float:
+        """Micro-batches whose activations rank ``rank`` keeps at once, in micro-batches
+        through all its blocks (module docstring)."""
+        m, p, v = self.micro_batches, self.ranks, self.stages_per_rank
+        if self.schedule == "gpipe":
+            return m
+        if self.schedule == "1f1b":
+            return min(m, p - rank)
+        return min(m * v, (v - 1) * p + 2 * (p - 1 - rank) + 1) / v
+
+
 def activation_bytes_per_token(
-    model: LlamaSettings, checkpointing: str, loss: str, layout: ActivationLayout, checkpoint_every: int = 1
+    model: LlamaSettings,
+    checkpointing: str,
+    loss: str,
+    layout: ActivationLayout,
+    checkpoint_every: int = 1,
+    blocks: list[int] | None = None,
+    head: bool = True,
 ) -> float:
-    """What backward keeps per token of a micro-batch, over the whole model (module docstring)."""
+    """What backward keeps per token of a micro-batch, over the whole model or the ``blocks``
+    of a pipeline rank (with the ``head`` if it holds the last stage; module docstring)."""
+    blocks = list(range(model.n_layers)) if blocks is None else blocks
     block = block_activation_bytes(model, layout)
     kept = block_activation_bytes(model, layout, checkpointing)
-    recomputed = 0 if checkpointing == "none" else block
-    checkpointed = -(-model.n_layers // checkpoint_every)  # blocks 0, n, 2n and so on: ceil(n_layers / n)
-    blocks = checkpointed * kept + (model.n_layers - checkpointed) * block
-    head = 10 * model.vocab_size / layout.tensor_parallel if loss == "plain" else 4 * model.d_model
-    return blocks + recomputed + head
+    recomputed = 0 if checkpointing == "none" or not blocks else block
+    checkpointed = sum(1 for index in blocks if index % checkpoint_every == 0)  # blocks 0, n, 2n and so on
+    total = checkpointed * kept + (len(blocks) - checkpointed) * block + recomputed
+    if not head:
+        return total
+    split = layout.tensor_parallel if len(blocks) == model.n_layers else 1  # a pipeline's last stage gathers
+    return total + (10 * model.vocab_size / split if loss == "plain" else 4 * model.d_model)
+
+
+def stage_parameters(model: LlamaSettings, pipeline: PipelineShape, rank: int) -> float:
+    """The parameters a pipeline rank holds (untied embeddings: pipelines refuse tied ones)."""
+    embedding = model.vocab_size * model.d_model
+    per_block = (count_parameters(model, include_embedding=True) - 2 * embedding - model.d_model) / model.n_layers
+    stages = pipeline.stages(rank)
+    first, last = 0 in stages, pipeline.ranks * pipeline.stages_per_rank - 1 in stages
+    return len(pipeline.blocks(model, rank)) * per_block + first * embedding + last * (embedding + model.d_model)
 
 
 def memory_plan(
@@ -146,19 +208,42 @@ def memory_plan(
     bf16_weights: bool = False,
     tensor_parallel: int = 1,
     sequence_parallel: bool = False,
+    pipeline: PipelineShape | None = None,
+    pipeline_rank: int | None = None,
 ) -> MemoryPlan:
-    """The plan of one device of a run (``shards``: devices the weights are split over, data
-    and tensor parallel together; ``bf16_weights``: see ``ActivationLayout.of``)."""
-    weight_bytes = 2 if precision == "bf16-true" else 4
+    """The plan of one device of a run (``shards``: devices one stage's weights are split over,
+    data and tensor parallel together; ``bf16_weights``: see ``ActivationLayout.of``); under
+    a pipeline, of ``pipeline_rank``, or of the rank that needs the most."""
     layout = ActivationLayout.of(precision, bf16_weights, tensor_parallel, sequence_parallel)
-    per_device = count_parameters(model, include_embedding=True) / shards
+    if pipeline is None:
+        parameters = count_parameters(model, include_embedding=True)
+        per_token = activation_bytes_per_token(model, checkpointing, loss, layout, checkpoint_every)
+        return _plan(parameters / shards, per_token * micro_batch * seq_len, precision, optimizer)
+    plans = []
+    for rank in range(pipeline.ranks) if pipeline_rank is None else [pipeline_rank]:
+        last = pipeline.ranks * pipeline.stages_per_rank - 1 in pipeline.stages(rank)
+        blocks = pipeline.blocks(model, rank)
+        per_token = activation_bytes_per_token(model, checkpointing, loss, layout, checkpoint_every, blocks, head=False)
+        activations = pipeline.in_flight(rank) * per_token * micro_batch * seq_len
+        if rank == 0:  # the first stage's shape inference (module docstring)
+            first = pipeline.first_stage_blocks(model)
+            shaped = activation_bytes_per_token(model, checkpointing, loss, layout, checkpoint_every, first, head=False)
+            activations += shaped * micro_batch * seq_len
+        if last:  # the loss: every micro-batch's logits under GPipe, one at a time otherwise
+            head = activation_bytes_per_token(model, checkpointing, loss, layout, blocks=[])
+            logits = pipeline.micro_batches if pipeline.schedule == "gpipe" else 1
+            activations += logits * head * micro_batch * seq_len
+        plans.append(_plan(stage_parameters(model, pipeline, rank) / shards, activations, precision, optimizer))
+    return max(plans, key=lambda plan: plan.total)
+
+
+def _plan(parameters: float, activations: float, precision: str, optimizer: str) -> MemoryPlan:
+    weight_bytes = 2 if precision == "bf16-true" else 4
     return MemoryPlan(
-        parameters=per_device * weight_bytes,
-        gradients=per_device * weight_bytes,
-        optimizer=per_device * weight_bytes * OPTIMIZER_STATES.get(optimizer, 2),
-        activations=micro_batch
-        * seq_len
-        * activation_bytes_per_token(model, checkpointing, loss, layout, checkpoint_every),
+        parameters=parameters * weight_bytes,
+        gradients=parameters * weight_bytes,
+        optimizer=parameters * weight_bytes * OPTIMIZER_STATES.get(optimizer, 2),
+        activations=activations,
     )
 
 

@@ -21,7 +21,6 @@ mean over its micro-batches, as under gradient accumulation.
 """
 
 import copy
-import itertools
 from collections.abc import Iterable, Sequence
 
 import torch
@@ -39,23 +38,9 @@ from torch.distributed.pipelining import (
 )
 
 from lightning_modules.llama import Llama
+from lightning_modules.pipeline_stages import rank_stages, stage_blocks
 
 SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B, "interleaved_1f1b": ScheduleInterleaved1F1B}
-
-
-def stage_blocks(n_layers: int, stages: int) -> list[range]:
-    """The blocks of each of ``stages`` stages, in order, as even as they can be."""
-    base, extra = divmod(n_layers, stages)
-    bounds = [0]
-    for stage in range(stages):
-        bounds.append(bounds[-1] + base + (1 if stage < extra else 0))
-    return [range(start, end) for start, end in itertools.pairwise(bounds)]
-
-
-def rank_stages(rank: int, ranks: int, stages_per_rank: int) -> list[int]:
-    """The stages a pipeline rank holds: rank r holds r, r + ranks, r + 2 ranks and so on
-    (the looped order the interleaved schedule expects)."""
-    return [rank + ranks * loop for loop in range(stages_per_rank)]
 
 
 def keep_stage(model: Llama, blocks: Iterable[int], first: bool, last: bool) -> None:

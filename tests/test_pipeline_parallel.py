@@ -12,9 +12,12 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from benchmarks.meta_init_memory import free_port, join_process_group
+from benchmarks.saved_activations import LiveSaved
 from lightning_modules.hf_interop import load_lightning_checkpoint
 from lightning_modules.llama import Llama, LlamaSettings
-from lightning_modules.pipeline_parallel import Pipeline, keep_stage, rank_stages, stage_blocks
+from lightning_modules.memory_plan import PipelineShape, memory_plan
+from lightning_modules.pipeline_parallel import Pipeline, keep_stage
+from lightning_modules.pipeline_stages import rank_stages, stage_blocks
 from settings.from_config import read_settings
 from tests.layout_runs import (
     ADAPTIVE_BATCH,
@@ -94,6 +97,53 @@ def pipelined(rank: int, port: int, schedule: str, stages_per_rank: int, one_at_
     differences.append(abs(loss.item() - reference) / reference)  # every rank has the step's loss
     torch.save((len(differences), max(differences)), Path(out_dir) / f"rank{rank}.pt")
     dist.destroy_process_group()
+
+
+def stage_memory(rank: int, port: int, schedule: str, stages_per_rank: int, out_dir: str) -> None:
+    """The first step of a 2-rank pipeline in fp32 (the one that also learns the stages'
+    shapes): the peak bytes autograd held for backward on this rank (``LiveSaved``), and
+    the memory plan's activations for it."""
+    group = join_process_group(rank, 2, port).get_group()
+    torch.manual_seed(0)
+    shape = PipelineShape(2, schedule, stages_per_rank, MICRO_BATCHES)
+    indices, blocks = shape.stages(rank), stage_blocks(CONFIG.n_layers, 2 * stages_per_rank)
+    modules = []
+    for index in indices:
+        module = Llama(CONFIG)
+        keep_stage(module, blocks[index], first=index == 0, last=index == 2 * stages_per_rank - 1)
+        modules.append(module)
+    tokens = torch.randint(0, 64, (ROWS, LENGTH + 1), generator=torch.Generator().manual_seed(1))
+    saved = LiveSaved([p for module in modules for p in module.parameters()])
+    with saved.hooks():
+        Pipeline(modules, indices, 2 * stages_per_rank, group, schedule).step(
+            tokens[:, :-1], tokens[:, 1:], MICRO_BATCHES, MICRO_BATCHES
+        )
+    model_plan = memory_plan(
+        CONFIG,
+        precision="32-true",
+        optimizer="adamw",
+        shards=1,
+        micro_batch=ROWS // MICRO_BATCHES,
+        seq_len=LENGTH,
+        checkpointing="none",
+        loss="plain",
+        pipeline=shape,
+        pipeline_rank=rank,
+    )
+    torch.save((saved.peak, model_plan.activations), Path(out_dir) / f"rank{rank}.pt")
+    dist.destroy_process_group()
+
+
+@pytest.mark.parametrize(("schedule", "stages_per_rank"), [("gpipe", 1), ("1f1b", 1), ("interleaved_1f1b", 2)])
+def test_a_stage_keeps_the_micro_batches_its_schedule_has_in_flight_as_the_memory_plan_counts(
+    schedule, stages_per_rank, tmp_path
+):
+    """GPipe keeps all 4 micro-batches on both ranks; 1F1B 2 on the first rank and 1 on the
+    last; interleaved 1F1B 2.5 and 1.5 of a rank's blocks: each rank's peak within 8% of its plan."""
+    mp.spawn(stage_memory, args=(free_port(), schedule, stages_per_rank, str(tmp_path)), nprocs=2)
+    for rank in (0, 1):
+        peak, planned = torch.load(tmp_path / f"rank{rank}.pt")
+        assert peak == pytest.approx(planned, rel=0.08), (rank, peak, planned)
 
 
 @pytest.mark.parametrize(
