@@ -13,7 +13,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import lightning as L
@@ -32,9 +32,10 @@ from settings.run_settings import RunSettings
 REPO = Path(__file__).resolve().parents[1]
 
 
-def timed_overrides(steps: int, warmup: int) -> list[str]:
+def timed_overrides(steps: int, warmup: int, every_step: bool = False) -> list[str]:
     """A timed run: ``warmup`` untimed steps, then ``steps`` timed ones, logged once at the
-    end; no checkpoints, no validation, no optimizer statistics."""
+    end (or, ``every_step``, after each: a rate per step); no checkpoints, no validation, no
+    optimizer statistics."""
     return [
         "~callbacks.model_checkpoint",
         "~callbacks.last_checkpoint",
@@ -45,7 +46,7 @@ def timed_overrides(steps: int, warmup: int) -> list[str]:
         "trainer.num_sanity_val_steps=0",
         "+trainer.limit_val_batches=0",
         f"trainer.max_steps={warmup + steps}",
-        f"trainer.log_every_n_steps={warmup + steps}",
+        f"trainer.log_every_n_steps={1 if every_step else warmup + steps}",
         "callbacks.validation_schedule.every_n_steps=1000000",
         f"callbacks.throughput.warmup_steps={warmup}",
     ]
@@ -70,6 +71,8 @@ class Measured:
     hfu: float | None
     peak_memory_gb: float | None
     losses: dict[int, float]
+    #: every logged rate (one per timed step with ``every_step``)
+    rates: list[float] = field(default_factory=list)
 
 
 def framework_run(settings: RunSettings) -> Measured:
@@ -91,14 +94,13 @@ def framework_run(settings: RunSettings) -> Measured:
     )
 
 
-def processes_run(overrides: list[str], steps: int, warmup: int) -> Measured:
+def processes_run(overrides: list[str], steps: int, warmup: int, every_step: bool = False) -> Measured:
     """Train a timed run as a fresh ``train.py`` (with its own processes: ``trainer.devices``
     of them, for layouts one process cannot hold) and read what it logged."""
     with tempfile.TemporaryDirectory(prefix="benchmark_run_") as folder:
         command = [sys.executable, str(REPO / "train.py"), "logger=csv", f"hydra.run.dir={folder}"]
-        result = subprocess.run(
-            [*command, *timed_overrides(steps, warmup), *overrides], cwd=REPO, capture_output=True, text=True
-        )
+        timed = timed_overrides(steps, warmup, every_step)
+        result = subprocess.run([*command, *timed, *overrides], cwd=REPO, capture_output=True, text=True)
         if result.returncode != 0:
             lines = [line for line in result.stderr.splitlines() if line.strip()]
             raise RuntimeError(f"train.py exited {result.returncode}: {lines[-1] if lines else 'no output'}")
@@ -115,6 +117,7 @@ def processes_run(overrides: list[str], steps: int, warmup: int) -> Measured:
         hfu=last("perf/hfu"),
         peak_memory_gb=last("perf/peak_memory_gb"),
         losses={int(row["step"]): float(row["train/loss"]) for row in rows if row.get("train/loss")},
+        rates=[float(row["perf/tokens_per_sec"]) for row in rows if row.get("perf/tokens_per_sec")],
     )
 
 

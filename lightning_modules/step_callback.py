@@ -17,7 +17,9 @@ Callbacks run in the order of ``trainer.callbacks``: the techniques first, in co
 order, then the infrastructure callbacks, so measurements see what the techniques did.
 
 Two build-time hooks shape the model before it exists: ``shard_mesh`` (DiLoCo shards only
-within a replica) and ``varies_sequence_length`` (compile with dynamic shapes).
+within a replica) and ``varies_sequence_length`` (compile with dynamic shapes); one asks how
+a step runs: ``needs_micro_step_gradients`` (a pipeline runs such a step's micro-batches one
+at a time, so each leaves its own gradient).
 """
 
 import lightning as L
