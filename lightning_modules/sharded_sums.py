@@ -17,6 +17,7 @@ import torch.distributed as dist
 from lightning.pytorch.strategies import FSDPStrategy
 from torch.distributed.fsdp import FullyShardedDataParallel, ShardingStrategy
 from torch.distributed.tensor import DTensor
+from torch.distributed.tensor.placement_types import Placement
 
 Groups = tuple[dist.ProcessGroup, ...]
 
@@ -33,8 +34,16 @@ def shard_groups(tensor: torch.Tensor, plain_tensor_groups: Groups) -> Groups:
     """Groups whose ranks hold disjoint pieces of this tensor: its totals are sums over them."""
     if isinstance(tensor, DTensor):
         mesh = tensor.device_mesh
-        return tuple(mesh.get_group(dim) for dim, placement in enumerate(tensor.placements) if placement.is_shard())
+        return tuple(mesh.get_group(dim) for dim, placement in enumerate(tensor.placements) if split(placement))
     return plain_tensor_groups
+
+
+def split(placement: Placement) -> bool:
+    """Whether ranks along a mesh dimension hold disjoint pieces: ``Shard``, and the strided
+    shard FSDP2 places over a dimension tensor parallelism already split (its ``is_shard()``
+    is False in torch 2.13, so squares summed by ``is_shard`` alone miss the data-parallel
+    ranks of such a matrix)."""
+    return not (placement.is_replicate() or placement.is_partial())
 
 
 def local(tensor: torch.Tensor) -> torch.Tensor:

@@ -22,14 +22,12 @@ import shlex
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from benchmarks.layout_claims import rate_range, verdicts  # noqa: E402
-from benchmarks.layout_space import Planned, enumerate_layouts, plan_layouts  # noqa: E402
-from benchmarks.loops import processes_run  # noqa: E402
+from benchmarks.layout_claims import rate_range, verdicts
+from benchmarks.layout_space import Planned, enumerate_layouts, plan_layouts
+from benchmarks.loops import processes_run
 
 
-def parse(argv: list[str]) -> argparse.Namespace:
+def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--devices", type=int, required=True, help="processes (GPUs) every layout uses")
     parser.add_argument("--device-memory-gib", type=float, required=True, help="what the plan must fit in")
@@ -104,9 +102,11 @@ def report(planned: list[Planned], args: argparse.Namespace) -> str:
         "",
         f"`{shlex.join(['python', 'scripts/layouts_ablation.py', *sys.argv[1:]])}`",
         "",
-        f"{args.devices} devices of {args.device_memory_gib:g} GiB, global batch {args.global_batch} sequences,"
-        f" {args.steps} timed steps after {args.warmup}; plan: the memory plan per device (the rank that needs"
-        " the most); peak: the measured peak of rank 0 (on a CPU its resident memory, process overhead included).",
+        (
+            f"{args.devices} devices of {args.device_memory_gib:g} GiB, global batch {args.global_batch} sequences,"
+            f" {args.steps} timed steps after {args.warmup}; plan: the memory plan per device (the rank that needs"
+            " the most); peak: the measured peak of rank 0 (on a CPU its resident memory, process overhead included)."
+        ),
         "",
         HEADER,
         *(row(entry, args.global_batch) for entry in planned),
@@ -119,7 +119,7 @@ def report(planned: list[Planned], args: argparse.Namespace) -> str:
 
 
 def main(argv: list[str]) -> None:
-    args = parse(argv)
+    args = parse_args(argv)
     micro_batches = [int(value) for value in args.micro_batches.split(",")]
     planned = plan_layouts(
         enumerate_layouts(args.devices, micro_batches, args.global_batch),

@@ -124,7 +124,7 @@ def test_the_plan_leaves_out_layouts_the_run_refuses_and_those_that_do_not_fit(t
 
 def test_the_survivors_train_and_the_table_and_claims_are_written(tmp_path):
     result = ablation(
-        "--devices", "1", "--device-memory-gib", "1", "--micro-batches", "1", "--steps", "2", "--warmup", "1",
+        "--devices", "1", "--device-memory-gib", "1", "--micro-batches", "1", "--steps", "1", "--warmup", "1",
         "--hardware", "CPU, 1 process", "--out", str(tmp_path), "--", *TINY_CPU, "model.n_layers=2",
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-2000:]

@@ -59,11 +59,24 @@ def test_stages_in_a_chain_are_the_whole_model():
     torch.testing.assert_close(hidden, whole(tokens), rtol=0, atol=0)
 
 
-def pipelined(rank: int, port: int, schedule: str, stages_per_rank: int, one_at_a_time: bool, out_dir: str) -> None:
-    """One optimizer step's rows through a 2-rank pipeline (together, or a micro-batch at a
-    time as the adaptive batch's tested steps run); rank by rank, the largest relative
-    difference of a gradient (and of the step's loss) from the whole model's."""
+def on_two_ranks(rank: int, port: int, check, cases: dict[str, tuple], out_dir: str) -> None:
+    """Run ``check(rank, group, *case)`` for every case on this rank of a 2-process group
+    (one start-up for them all) and save the results by case name."""
     group = join_process_group(rank, 2, port).get_group()
+    torch.save({name: check(rank, group, *case) for name, case in cases.items()}, Path(out_dir) / f"rank{rank}.pt")
+    dist.destroy_process_group()
+
+
+def results_on_two_ranks(check, cases: dict[str, tuple], out_dir: Path) -> list[dict]:
+    mp.spawn(on_two_ranks, args=(free_port(), check, cases, str(out_dir)), nprocs=2)
+    return [torch.load(out_dir / f"rank{rank}.pt") for rank in (0, 1)]
+
+
+def pipelined(rank: int, group, schedule: str, stages_per_rank: int, one_at_a_time: bool) -> tuple[int, float]:
+    """One optimizer step's rows through a 2-rank pipeline (together, or a micro-batch at a
+    time as the adaptive batch's tested steps run); on this rank, the number of parameters
+    and the largest relative difference of a gradient (and of the step's loss) from the
+    whole model's."""
     torch.manual_seed(0)
     whole = Llama(CONFIG)
     count = 2 * stages_per_rank
@@ -95,15 +108,13 @@ def pipelined(rank: int, port: int, schedule: str, stages_per_rank: int, one_at_
         for name, parameter in module.named_parameters()
     ]
     differences.append(abs(loss.item() - reference) / reference)  # every rank has the step's loss
-    torch.save((len(differences), max(differences)), Path(out_dir) / f"rank{rank}.pt")
-    dist.destroy_process_group()
+    return len(differences), max(differences)
 
 
-def stage_memory(rank: int, port: int, schedule: str, stages_per_rank: int, out_dir: str) -> None:
+def stage_memory(rank: int, group, schedule: str, stages_per_rank: int) -> tuple[int, float]:
     """The first step of a 2-rank pipeline in fp32 (the one that also learns the stages'
     shapes): the peak bytes autograd held for backward on this rank (``LiveSaved``), and
     the memory plan's activations for it."""
-    group = join_process_group(rank, 2, port).get_group()
     torch.manual_seed(0)
     shape = PipelineShape(2, schedule, stages_per_rank, MICRO_BATCHES)
     indices, blocks = shape.stages(rank), stage_blocks(CONFIG.n_layers, 2 * stages_per_rank)
@@ -130,40 +141,34 @@ def stage_memory(rank: int, port: int, schedule: str, stages_per_rank: int, out_
         pipeline=shape,
         pipeline_rank=rank,
     )
-    torch.save((saved.peak, model_plan.activations), Path(out_dir) / f"rank{rank}.pt")
-    dist.destroy_process_group()
+    return saved.peak, model_plan.activations
 
 
-@pytest.mark.parametrize(("schedule", "stages_per_rank"), [("gpipe", 1), ("1f1b", 1), ("interleaved_1f1b", 2)])
-def test_a_stage_keeps_the_micro_batches_its_schedule_has_in_flight_as_the_memory_plan_counts(
-    schedule, stages_per_rank, tmp_path
-):
+def test_a_stage_keeps_the_micro_batches_its_schedule_has_in_flight_as_the_memory_plan_counts(tmp_path):
     """GPipe keeps all 4 micro-batches on both ranks; 1F1B 2 on the first rank and 1 on the
     last; interleaved 1F1B 2.5 and 1.5 of a rank's blocks: each rank's peak within 8% of its plan."""
-    mp.spawn(stage_memory, args=(free_port(), schedule, stages_per_rank, str(tmp_path)), nprocs=2)
-    for rank in (0, 1):
-        peak, planned = torch.load(tmp_path / f"rank{rank}.pt")
-        assert peak == pytest.approx(planned, rel=0.08), (rank, peak, planned)
+    cases = {"gpipe": ("gpipe", 1), "1f1b": ("1f1b", 1), "interleaved": ("interleaved_1f1b", 2)}
+    for rank, results in enumerate(results_on_two_ranks(stage_memory, cases, tmp_path)):
+        for name, (peak, planned) in results.items():
+            assert peak == pytest.approx(planned, rel=0.08), (name, rank, peak, planned)
 
 
-@pytest.mark.parametrize(
-    ("schedule", "stages_per_rank", "one_at_a_time"),
-    [
-        ("gpipe", 1, False),
-        ("1f1b", 1, False),
-        ("interleaved_1f1b", 2, False),
-        ("1f1b", 1, True),
-        ("interleaved_1f1b", 2, True),
-    ],
-    ids=["gpipe", "1f1b", "interleaved", "1f1b_one_at_a_time", "interleaved_one_at_a_time"],
-)
-def test_a_pipelined_step_takes_one_process_s_gradients(schedule, stages_per_rank, one_at_a_time, tmp_path):
-    mp.spawn(pipelined, args=(free_port(), schedule, stages_per_rank, one_at_a_time, str(tmp_path)), nprocs=2)
+def test_a_pipelined_step_takes_one_process_s_gradients(tmp_path):
+    """Each schedule, the step's micro-batches together and (as the adaptive batch's tested
+    steps run them) one at a time."""
+    cases = {
+        "gpipe": ("gpipe", 1, False),
+        "1f1b": ("1f1b", 1, False),
+        "interleaved": ("interleaved_1f1b", 2, False),
+        "1f1b_one_at_a_time": ("1f1b", 1, True),
+        "interleaved_one_at_a_time": ("interleaved_1f1b", 2, True),
+    }
+    first, last = results_on_two_ranks(pipelined, cases, tmp_path)
     parameters_per_block = 9  # two norms, four attention and three MLP matrices
-    first, last = (torch.load(tmp_path / f"rank{rank}.pt") for rank in (0, 1))
-    # rank 0 holds the embedding and the first blocks, rank 1 the last blocks, norm and head; both the loss
-    assert first[0] + last[0] == 1 + CONFIG.n_layers * parameters_per_block + 2 + 2
-    assert first[1] < 1e-5 and last[1] < 1e-5
+    for name in cases:
+        # rank 0 holds the embedding and the first blocks, rank 1 the last blocks, norm and head; both the loss
+        assert first[name][0] + last[name][0] == 1 + CONFIG.n_layers * parameters_per_block + 2 + 2, name
+        assert first[name][1] < 1e-5 and last[name][1] < 1e-5, (name, first[name], last[name])
 
 
 # The tiny model with 4 blocks: 2 stages of 2, or 4 stages of 1 (2 per rank, interleaved). The

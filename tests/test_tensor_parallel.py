@@ -50,11 +50,6 @@ CHECKPOINTING = ("layout.activation_checkpointing=full",)
             "1 data-parallel x 2 tensor-parallel ranks, without",
         ),
         (
-            ["trainer.devices=2", "strategy.tensor_parallel_size=2"],
-            (),
-            "1 data-parallel x 2 tensor-parallel ranks, with sequence",
-        ),
-        (
             ["trainer.devices=4", "strategy.tensor_parallel_size=2"],
             (),
             "2 data-parallel x 2 tensor-parallel ranks, with sequence",
@@ -78,7 +73,6 @@ CHECKPOINTING = ("layout.activation_checkpointing=full",)
     ],
     ids=[
         "T2",
-        "T2_sequence_parallel",
         "D2xT2",
         "T2_muon",
         "T2_checkpointing",
