@@ -77,11 +77,13 @@ def splits(devices: int) -> list[tuple[int, int, int]]:
     ]
 
 
-def enumerate_layouts(devices: int, micro_batches: list[int], global_batch: int) -> list[Layout]:
-    """The space: every split, micro-batch and checkpointing; sequence parallelism on and off
-    where T > 1; 1F1B and interleaved 1F1B (2 stages per rank) where P > 1."""
+def enumerate_layouts(
+    devices: int, micro_batches: list[int], global_batch: int, checkpointing_modes: tuple[str, ...] = ("none", "full")
+) -> list[Layout]:
+    """The space: every split, micro-batch and checkpointing mode; sequence parallelism on and
+    off where T > 1; 1F1B and interleaved 1F1B (2 stages per rank) where P > 1."""
     layouts = []
-    for (d, t, p), micro, checkpointing in itertools.product(splits(devices), micro_batches, ("none", "full")):
+    for (d, t, p), micro, checkpointing in itertools.product(splits(devices), micro_batches, checkpointing_modes):
         if global_batch % (d * micro):
             continue
         for sequence_parallel in (False, True) if t > 1 else (False,):

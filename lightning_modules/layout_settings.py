@@ -247,6 +247,12 @@ class LayoutSettings(Section):
                 f"strategy.pipeline_parallel_size={size} x layout.stages_per_rank={self.stages_per_rank} = {stages}"
                 f" stages, more than model.n_layers={run.model.n_layers} blocks; choose at most one stage per block."
             )
+        if interleaved and run.model.n_layers % stages:
+            raise ConfigError(
+                f"layout.pipeline_schedule=interleaved_1f1b: {stages} stages (strategy.pipeline_parallel_size={size} x"
+                f" layout.stages_per_rank={self.stages_per_rank}) do not divide model.n_layers={run.model.n_layers}"
+                " blocks, so the looped stages would be uneven; choose stages_per_rank so that they divide it."
+            )
         unsupported = {
             "layout.loss": (self.loss, "plain"),
             "layout.compile": (self.compile, "none"),

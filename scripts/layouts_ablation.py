@@ -33,6 +33,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--device-memory-gib", type=float, required=True, help="what the plan must fit in")
     parser.add_argument("--global-batch", type=int, default=16, help="sequences per optimizer step (fixed)")
     parser.add_argument("--micro-batches", default="1,2,4", help="comma-separated micro-batch sizes")
+    parser.add_argument("--checkpointing", default="none,full", help="activation checkpointing modes, comma-separated")
     parser.add_argument("--steps", type=int, default=4, help="timed steps per layout")
     parser.add_argument("--warmup", type=int, default=2, help="untimed steps before them")
     parser.add_argument("--peak-flops", type=float, default=None, help="per device, for MFU on a CPU")
@@ -122,7 +123,7 @@ def main(argv: list[str]) -> None:
     args = parse_args(argv)
     micro_batches = [int(value) for value in args.micro_batches.split(",")]
     planned = plan_layouts(
-        enumerate_layouts(args.devices, micro_batches, args.global_batch),
+        enumerate_layouts(args.devices, micro_batches, args.global_batch, tuple(args.checkpointing.split(","))),
         args.overrides,
         args.global_batch,
         args.device_memory_gib,

@@ -124,13 +124,14 @@ def test_the_plan_leaves_out_layouts_the_run_refuses_and_those_that_do_not_fit(t
 
 def test_the_survivors_train_and_the_table_and_claims_are_written(tmp_path):
     result = ablation(
-        "--devices", "1", "--device-memory-gib", "1", "--micro-batches", "1", "--steps", "1", "--warmup", "1",
+        "--devices", "1", "--device-memory-gib", "1", "--micro-batches", "1", "--checkpointing", "full",
+        "--steps", "1", "--warmup", "1",
         "--hardware", "CPU, 1 process", "--out", str(tmp_path), "--", *TINY_CPU, "model.n_layers=2",
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-2000:]
     table = (tmp_path / "layouts_ablation.md").read_text()
     rows = [line for line in table.splitlines() if line.startswith("| 1 | 1 |")]
-    assert len(rows) == 2 and all(row.endswith("| ok |") for row in rows)  # checkpointing none and full
+    assert len(rows) == 1 and rows[0].endswith("| ok |") and "| full |" in rows[0]
     assert "## Layouts ablation: CPU, 1 process" in table
     assert (
         "| micro-batch 1 is the most efficient | speed: the fastest layout at each micro-batch | **not run** |" in table

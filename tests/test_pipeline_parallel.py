@@ -253,6 +253,10 @@ PP2 = [*PIPELINE, "trainer.devices=2", "strategy.pipeline_parallel_size=2"]
         (PP2 + ["layout.pipeline_schedule=zero_bubble"], "layout.pipeline_schedule='zero_bubble' is unknown"),
         (PP2 + ["layout.pipeline_schedule=interleaved_1f1b"], "needs layout.stages_per_rank >= 2"),
         (
+            PP2 + ["model.n_layers=6", "layout.pipeline_schedule=interleaved_1f1b", "layout.stages_per_rank=2"],
+            "4 stages (strategy.pipeline_parallel_size=2 x layout.stages_per_rank=2) do not divide model.n_layers=6",
+        ),
+        (
             PP2 + ["layout.stages_per_rank=2"],
             "layout.stages_per_rank=2 needs layout.pipeline_schedule=interleaved_1f1b",
         ),
@@ -277,6 +281,7 @@ PP2 = [*PIPELINE, "trainer.devices=2", "strategy.pipeline_parallel_size=2"]
         "blocks",
         "schedule",
         "interleaved_stages",
+        "interleaved_uneven",
         "stages_without_interleaving",
         "micro_batches",
         "gathered_checkpoint",
