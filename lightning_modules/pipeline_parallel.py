@@ -45,7 +45,7 @@ SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B, "interleaved_1f1b": S
 
 def keep_stage(model: Llama, blocks: Iterable[int], first: bool, last: bool) -> None:
     """Reduce ``model`` (on the meta device, before any layout) to one stage, in place: or to
-    the blocks of all the stages a rank holds, which ``stage_views`` then splits."""
+    the blocks of all the stages a rank holds, which ``RankStages.views`` then splits."""
     kept = set(blocks)
     for index in list(model.layers):
         if int(index) not in kept:
