@@ -31,7 +31,7 @@ from lightning_modules.global_batch import BatchSettings, GlobalBatch
 from lightning_modules.llama import Llama, LlamaSettings, seed_from_global_rng
 from lightning_modules.meta_init import fsdp1_param_init_fn, materialize_and_init
 from lightning_modules.lr_schedule import LRScheduleSettings, learning_rate
-from lightning_modules.optimizers.settings import OptimizerSettings
+from lightning_modules.optimizers.settings import OptimizerSettings, group_settings, restore_group_settings
 from lightning_modules.resume_notes import resume_notes
 from lightning_modules.parallelism import (
     LayoutSettings,
@@ -126,6 +126,7 @@ class LlamaLightningModule(L.LightningModule):
         self._step_tokens = 0
         self._grad_norm = torch.zeros(())
         self._step_callbacks: list[StepCallback] = []
+        self._configured_groups: list[dict[str, Any]] = []  # the built optimizer's group settings
         self._float8_scales_per_step = False
         self.pipeline_parallel_size = pipeline_parallel_size
         self._pipeline: Pipeline | None = None
@@ -216,6 +217,7 @@ class LlamaLightningModule(L.LightningModule):
     def configure_optimizers(self) -> torch.optim.Optimizer:
         optimizer = self.optimizer_config.build(self.model, fused=self.layout.fused_adamw)
         self.training_state.optimizer = optimizer
+        self._configured_groups = group_settings(optimizer)
         return optimizer
 
     def setup(self, stage: str) -> None:
@@ -489,7 +491,7 @@ class LlamaLightningModule(L.LightningModule):
         """Put the configured optimizer settings into a (possibly restored) optimizer; read the
         data from the clock's position (which a replica group that rejoined its peers moved);
         a run resumed from a checkpoint taken at its end stops before taking another step."""
-        self.optimizer_config.apply(self.training_state.optimizer)
+        restore_group_settings(self.training_state.optimizer, self._configured_groups)
         if hasattr(self.trainer.datamodule, "seek"):
             self.trainer.datamodule.seek(self.training_state.clock.sequences)
             self.training_state.set_data_seek(self.trainer.datamodule.seek)  # a clock moved mid-run

@@ -1,5 +1,6 @@
 """The optimizer group: AdamW as it was (bit for bit), Muon against a float64 reference, resume rules."""
 
+import copy
 import json
 import math
 from pathlib import Path
@@ -11,6 +12,7 @@ from torch import nn
 from analysis.runs import load_run
 from lightning_modules.llama import Llama, LlamaSettings
 from lightning_modules.optimizers.muon import Muon, MuonSettings, hidden_matrices
+from lightning_modules.optimizers.settings import group_settings, restore_group_settings
 from tests.run_helpers import REPO, TINY, compose_config, run_train
 
 REFERENCE = json.loads((REPO / "tests" / "data" / "default_recipe_reference.json").read_text())
@@ -150,15 +152,27 @@ def test_muon_in_bfloat16_steps_as_torch_muon(adjust_lr_fn):
 
 def test_muon_auto_iterates_in_float32_on_cpu_and_keeps_it_on_resume():
     """``ns_dtype: auto`` on a CPU model iterates in float32 (bfloat16 is fast only on some
-    CPUs); a checkpoint saved by an older torch.optim.Muon (no ``ns_dtype`` key) gets it back."""
+    CPUs). A restored optimizer whose groups came back bare (distributed checkpointing on a
+    pipeline rank whose blocks the saved groups do not name) cannot step; given the built
+    groups' settings back, it takes the built optimizer's step."""
     model = tiny_model()
+    restored_model = copy.deepcopy(model)
     optimizer = muon_settings(ns_dtype="auto").build(model, fused=False)
     assert optimizer.param_groups[0]["ns_dtype"] == "float32"
     state = optimizer.state_dict()
-    del state["param_groups"][0]["ns_dtype"]
-    optimizer.load_state_dict(state)
-    muon_settings(ns_dtype="auto").apply(optimizer)
-    assert optimizer.param_groups[0]["ns_dtype"] == "float32"
+    state["param_groups"] = [{"params": group["params"]} for group in state["param_groups"]]
+    restored = muon_settings(ns_dtype="auto").build(restored_model, fused=False)
+    restored.load_state_dict(state)
+    with pytest.raises(KeyError):
+        restored.step()
+    restore_group_settings(restored, group_settings(optimizer))
+    for first, second in zip(model.parameters(), restored_model.parameters(), strict=True):
+        first.grad = torch.randn(first.shape, generator=torch.Generator().manual_seed(first.numel()))
+        second.grad = first.grad.clone()
+    optimizer.step()
+    restored.step()
+    for first, second in zip(model.parameters(), restored_model.parameters(), strict=True):
+        torch.testing.assert_close(second, first, rtol=0, atol=0)
 
 
 def steps_start(twin: Llama, name: str) -> torch.Tensor:

@@ -306,11 +306,14 @@ def test_every_experiment_composes_with_two_pipeline_stages_or_refuses_in_one_li
     assert_composes_or_refuses_in_one_line([f"+experiment={experiment}", *PP2], "pipeline_parallel_size=2", tmp_path)
 
 
-def test_a_pipeline_s_checkpoint_resumes_on_one_process(tmp_path, tmp_path_factory):
-    """Saved at step 3 of 6 by 2 pipeline stages, resumed whole on one process (FSDP2, which
-    reads the sharded checkpoint): the uninterrupted run's weights (reduction-order noise)."""
+def test_a_pipeline_s_checkpoint_resumes_on_two_stages_and_on_one_process(tmp_path, tmp_path_factory):
+    """Saved at step 3 of 6 by 2 pipeline stages under Muon (whose groups a pipeline rank's
+    distributed checkpoint restores bare), resumed on the same 2 stages and whole on one
+    process (FSDP2, which reads the sharded checkpoint): the uninterrupted run's weights
+    (reduction-order noise)."""
     cache = tmp_path_factory.getbasetemp() / "cache"
     common = FOUR_BLOCKS + [
+        "optimizer=muon",
         "trainer.max_steps=6",
         "logger=none",
         "callbacks.validation_schedule.every_n_steps=100",
@@ -319,11 +322,11 @@ def test_a_pipeline_s_checkpoint_resumes_on_one_process(tmp_path, tmp_path_facto
     full = run_train(common + PP2, tmp_path / "full", cache)
     assert full.returncode == 0, full.stderr[-3000:]
     checkpoint = tmp_path / "full" / "checkpoints" / "step000003.ckpt"
-    one = [*PIPELINE, "trainer.devices=1", f"ckpt_path={checkpoint}"]
-    resumed = run_train(common + one, tmp_path / "resumed", cache)
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
     _, expected = load_lightning_checkpoint(tmp_path / "full" / "checkpoints" / "last.ckpt")
-    _, weights = load_lightning_checkpoint(tmp_path / "resumed" / "checkpoints" / "last.ckpt")
-    assert weights.keys() == expected.keys() and len(weights) == 1 + 4 * 9 + 2
-    for name, value in expected.items():
-        torch.testing.assert_close(weights[name], value, rtol=1e-5, atol=1e-6, msg=name)
+    for name, layout in (("two_stages", PP2), ("one_process", [*PIPELINE, "trainer.devices=1"])):
+        resumed = run_train([*common, *layout, f"ckpt_path={checkpoint}"], tmp_path / name, cache)
+        assert resumed.returncode == 0, resumed.stderr[-3000:]
+        _, weights = load_lightning_checkpoint(tmp_path / name / "checkpoints" / "last.ckpt")
+        assert weights.keys() == expected.keys() and len(weights) == 1 + 4 * 9 + 2
+        for key, value in expected.items():
+            torch.testing.assert_close(weights[key], value, rtol=1e-5, atol=1e-6, msg=f"{name}: {key}")

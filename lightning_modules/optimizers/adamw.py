@@ -28,8 +28,3 @@ class AdamWSettings(OptimizerSettings):
         fused = fused and all(p.device.type == "cuda" for p in model.parameters())
         groups = decay_groups(trainable(model), model, self.weight_decay)
         return torch.optim.AdamW(groups, lr=self.lr, betas=tuple(self.betas), eps=self.eps, fused=fused or None)
-
-    def apply(self, optimizer: torch.optim.Optimizer) -> None:
-        """The groups are those of ``decay_groups``: the first is decayed, the second is not."""
-        for group, decay in zip(optimizer.param_groups, (self.weight_decay, 0.0)):
-            group.update(betas=tuple(self.betas), eps=self.eps, weight_decay=decay)

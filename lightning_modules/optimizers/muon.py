@@ -244,16 +244,3 @@ class MuonSettings(OptimizerSettings):
             fused=fused or None,
         )
         return MuonWithAdamW(muon, adamw)
-
-    def apply(self, optimizer: torch.optim.Optimizer) -> None:
-        muon, decayed, gains = optimizer.param_groups
-        muon.update(
-            weight_decay=self.weight_decay,
-            momentum=self.momentum,
-            nesterov=self.nesterov,
-            ns_steps=self.ns_steps,
-            adjust_lr_fn=self.adjust_lr_fn,
-            ns_dtype=self.iteration_dtype(muon["params"]),
-        )
-        for group, decay in ((decayed, self.weight_decay), (gains, 0.0)):
-            group.update(betas=tuple(self.betas), eps=self.eps, weight_decay=decay)

@@ -3,8 +3,10 @@
 An optimizer is chosen with the ``optimizer`` config group (``optimizer=adamw``, the
 default, or ``optimizer=muon``); its file names the settings class in ``_target_`` and lists
 every setting with its default. The settings check themselves when the config is read,
-before any heavy import, build the ``torch.optim.Optimizer`` over the laid-out model, and put
-their values back into an optimizer restored from a checkpoint. The training module sets
+before any heavy import and build the ``torch.optim.Optimizer`` over the laid-out model. An
+optimizer restored from a checkpoint gets the built one's group settings back
+(``group_settings``, ``restore_group_settings``), so the config, not the checkpoint, decides
+every setting of a resumed run. The training module sets
 the learning rate of every parameter group at every step; ``kind`` is saved in checkpoints,
 and a run resumed with another kind is refused.
 
@@ -17,7 +19,7 @@ parameter into a 1-D piece of its flat shard. Tied embeddings appear once.
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import torch
 from torch import nn
@@ -52,10 +54,6 @@ class OptimizerSettings(Section, ABC):
         """The optimizer over the model's trainable parameters (``fused``: the layout asks for
         fused kernels where they exist)."""
 
-    @abstractmethod
-    def apply(self, optimizer: torch.optim.Optimizer) -> None:
-        """Put these settings (all but the learning rate) into an optimizer restored from a checkpoint."""
-
 
 def check_betas(betas: list[float]) -> None:
     if len(betas) != 2 or not all(0.0 <= b < 1.0 for b in betas):
@@ -73,3 +71,20 @@ def decay_groups(parameters: list[nn.Parameter], model: nn.Module, weight_decay:
 
 def trainable(model: nn.Module) -> list[nn.Parameter]:
     return [p for p in model.parameters() if p.requires_grad]
+
+
+def group_settings(optimizer: torch.optim.Optimizer) -> list[dict[str, Any]]:
+    """Every parameter group's settings (all but its parameters), as the config built them."""
+    return [{key: value for key, value in group.items() if key != "params"} for group in optimizer.param_groups]
+
+
+def restore_group_settings(optimizer: torch.optim.Optimizer, settings: list[dict[str, Any]]) -> None:
+    """Put the configured group settings into an optimizer whose state a checkpoint restored.
+
+    Why not keep the checkpoint's: a resumed run follows its config (a changed weight decay
+    or Muon's iteration dtype on another device takes effect), and distributed checkpointing
+    saves one copy of each group's settings and restores it only on ranks whose parameter
+    names match the saved group's, so pipeline ranks (different blocks) get bare groups.
+    """
+    for group, configured in zip(optimizer.param_groups, settings, strict=True):
+        group.update(configured)
