@@ -32,6 +32,7 @@ def tunings(spec: StudySpec, runs: list[Run], select: str = "val/loss") -> dict[
     anchors on the next smaller size gets that size's winner, as the plan gave it."""
     by_search: dict[tuple[str, tuple[str, ...]], dict[tuple[int, ...], dict[int, float]]] = {}
     sizes: dict[tuple[str, ...], int] = {}
+    by_size = any(search.previous_size_anchor for search in spec.searches.values())
     for run in runs:
         if run.arm not in spec.spaces or run.phase != "tune" or not run.finished or run.seed is None:
             continue
@@ -41,7 +42,7 @@ def tunings(spec: StudySpec, runs: list[Run], select: str = "val/loss") -> dict[
             crossing = crossed_with(run, spec)
             search = by_search.setdefault((run.arm, crossing), {})
             search.setdefault(point, {})[run.seed] = value
-            if spec.searches[run.arm].previous_size_anchor and crossing not in sizes:
+            if by_size and crossing not in sizes:  # every arm's: a size may have only some arms' runs yet
                 sizes[crossing] = parameter_count(run.setting("model"))
     labels = distinct_crossings([crossing for _, crossing in by_search])
     records = _records(spec, runs, [(arm, crossing) for arm, crossing in by_search])

@@ -1,6 +1,7 @@
 """A held-out size's settings from laws over the searched sizes' winners: a power law where the
 exponent's 95% interval excludes 0 (against scipy's regression), a constant where it holds 0,
-a list's value by majority, and a ladder's previous-size anchor in the plan."""
+a list's value by majority, and a ladder's previous-size anchor in the plan and in the report
+of a study midway."""
 
 import math
 from dataclasses import replace
@@ -8,6 +9,8 @@ from dataclasses import replace
 import pytest
 from scipy import stats
 
+from analysis.runs import FINISHED, Run
+from analysis.tuning_report import tunings
 from common.errors import ConfigError
 from study.plan import TUNE, StudyPlan, TunedJob
 from study.preset import StudySpec
@@ -147,3 +150,50 @@ def test_a_previous_size_anchor_needs_true_or_false() -> None:
     }
     with pytest.raises(ConfigError, match=r"study.arms.m1.previous_size_anchor='yes' must be true or false"):
         StudySpec.from_config(node)
+
+
+def test_a_ladder_report_mid_study_reads_a_size_that_only_some_arms_reached(tmp_path) -> None:
+    """The largest size has run data parallelism's points, but its anchored arm waits for the
+    next smaller size's winner: the report reads every size as it stands."""
+    spec = StudySpec.from_config(
+        {
+            "searcher": "gp",
+            "budget": 3,
+            "round_size": 2,
+            "tuning_seeds": [1],
+            "seeds": [2],
+            "search": LR_SEARCH,
+            "arms": {
+                "dp": {"overrides": []},
+                "m1": {"overrides": [], "anchors": [{"optimizer.lr": 4e-3}], "previous_size_anchor": True},
+            },
+        }
+    )
+    model = {"vocab_size": 64, "n_layers": 1, "d_model": 16, "n_heads": 2, "n_kv_heads": 1, "mlp_hidden": 32}
+    runs = []
+    for size, arms in ((1, ("dp", "m1")), (2, ("dp", "m1")), (3, ("dp",))):
+        for arm in arms:
+            for index, (lr, loss) in enumerate(((1e-3, 2.2), (2e-3, 2.0 + size / 100), (4e-3, 2.1))):
+                path = tmp_path / f"{size}{arm}{index}"
+                path.mkdir()
+                (path / FINISHED).write_text("{}\n")
+                config = {
+                    "model": {**model, "n_layers": size},
+                    "study": {"arm": arm, "phase": "tune"},
+                    "seed": 1,
+                    "optimizer": {"lr": lr},
+                }
+                overrides = [
+                    f"model=size{size}",
+                    f"study.arm={arm}",
+                    "++study.phase=tune",
+                    f"optimizer.lr={lr}",
+                    "seed=1",
+                ]
+                runs.append(Run(path, config, overrides, [{"val/loss": loss}]))
+    found = tunings(spec, runs)
+    assert set(found) == {(arm, f"model=size{size}") for arm in ("dp", "m1") for size in (1, 2)} | {
+        ("dp", "model=size3")
+    }
+    assert found[("dp", "model=size3")].results == {(0,): 2.2, (1,): pytest.approx(2.03), (2,): 2.1}
+    assert found[("m1", "model=size2")].results[(1,)] == pytest.approx(2.02)
