@@ -81,7 +81,10 @@ def test_laws_need_three_searched_sizes() -> None:
 LR_SEARCH = {"optimizer.lr": {"low": 1e-3, "high": 4e-3, "scale": "log", "step": 2, "min": 2.5e-4, "max": 3.2e-2}}
 
 
-def ladder_spec(previous: bool) -> StudySpec:
+def ladder_spec(previous: bool, **arms: dict) -> StudySpec:
+    """A ladder's study: arm m1 anchored on the preset's LR (and on the previous size's winner
+    where ``previous``), and any ``arms`` beside it."""
+    m1 = {"overrides": [], "anchors": [{"optimizer.lr": 4e-3}], "previous_size_anchor": previous}
     return StudySpec.from_config(
         {
             "searcher": "gp",
@@ -90,7 +93,7 @@ def ladder_spec(previous: bool) -> StudySpec:
             "tuning_seeds": [1],
             "seeds": [2],
             "search": LR_SEARCH,
-            "arms": {"m1": {"overrides": [], "anchors": [{"optimizer.lr": 4e-3}], "previous_size_anchor": previous}},
+            "arms": {**arms, "m1": m1},
         }
     )
 
@@ -155,20 +158,7 @@ def test_a_previous_size_anchor_needs_true_or_false() -> None:
 def test_a_ladder_report_mid_study_reads_a_size_that_only_some_arms_reached(tmp_path) -> None:
     """The largest size has run data parallelism's points, but its anchored arm waits for the
     next smaller size's winner: the report reads every size as it stands."""
-    spec = StudySpec.from_config(
-        {
-            "searcher": "gp",
-            "budget": 3,
-            "round_size": 2,
-            "tuning_seeds": [1],
-            "seeds": [2],
-            "search": LR_SEARCH,
-            "arms": {
-                "dp": {"overrides": []},
-                "m1": {"overrides": [], "anchors": [{"optimizer.lr": 4e-3}], "previous_size_anchor": True},
-            },
-        }
-    )
+    spec = ladder_spec(True, dp={"overrides": []})
     model = {"vocab_size": 64, "n_layers": 1, "d_model": 16, "n_heads": 2, "n_kv_heads": 1, "mlp_hidden": 32}
     runs = []
     for size, arms in ((1, ("dp", "m1")), (2, ("dp", "m1")), (3, ("dp",))):
