@@ -16,7 +16,8 @@ fitted sizes only: what the predicted size's runs logged is never opened.
 over seeds, relative error), the fits
 on all sizes (L(N) per method, the joint L(N, M) over DiLoCo, the inner LR each size's search
 picked against N; in a tuned ladder each searched setting's law over the searched sizes'
-winners, ``study/setting_laws.py``), the study's claims (in a ladder, per size and as
+winners, ``study/setting_laws.py``), a tuned ladder's search at each size (each arm's
+winner, its loss and its anchors' beside it), the study's claims (in a ladder, per size and as
 trends), and the compute (training time per size and phase); it writes
 ``ladder_loss.png`` (loss against N with the fits and the held-out prediction),
 ``ladder_gap.png`` (each DiLoCo method's difference from data parallelism against N) and, in a
@@ -51,6 +52,7 @@ from analysis.ladder import (  # noqa: E402
     write_prediction,
 )
 from analysis.report import build_report, study_spec, verdict_table  # noqa: E402
+from analysis.tuning_report import tuning_table  # noqa: E402
 from study.preset import StudySpec  # noqa: E402
 from study.setting_laws import MAJORITY, MIN_SIZES, POWER_LAW, SettingLaw, setting_laws  # noqa: E402
 from analysis.runs import find_runs  # noqa: E402
@@ -164,6 +166,10 @@ def do_report(args: argparse.Namespace) -> None:
         for law in method_laws:
             print(f"- {method}, best {law.describe()}")
     report = build_report(runs)
+    if report.tunings:
+        print(
+            f"\n## The search at each size (seed {', '.join(map(str, report.spec.tuning_seeds))}; finalists also on the finalist seeds)\n\n{tuning_table(report.tunings)}"
+        )
     if report.verdicts:
         print(f"\n## Claims\n\n{verdict_table(report.verdicts)}")
     print(f"\n## Compute\n\n{compute_table(runs)}")

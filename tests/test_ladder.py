@@ -138,23 +138,30 @@ def test_a_trend_claim_tests_a_slope_not_a_ratio() -> None:
 
 
 def write_run(
-    folder: Path, model: str, arm: str, seed: int, loss: float, study: dict | None = None, settings: tuple = ()
+    folder: Path,
+    model: str,
+    arm: str,
+    seed: int,
+    loss: float,
+    study: dict | None = None,
+    settings: tuple = (),
+    phase: str = "judge",
 ) -> None:
-    """A finished judging run as the CSV logger and the sweep leave it (``study``: the preset's
-    block; ``settings``: the searched overrides it ran with)."""
+    """A finished run as the CSV logger and the sweep leave it (``study``: the preset's block;
+    ``settings``: the searched overrides it ran with; ``phase``: judging or tuning)."""
     (folder / "csv").mkdir(parents=True)
     (folder / ".hydra").mkdir()
     shape = yaml.safe_load((REPO / "conf" / "model" / f"{model}.yaml").read_text())
     config = {
         "model": shape,
         "seed": seed,
-        "study": {**(study or {}), "arm": arm, "phase": "judge"},
+        "study": {**(study or {}), "arm": arm, "phase": phase},
         "optimizer": {"lr": 4e-3},
     }
     (folder / "csv" / "hparams.yaml").write_text(yaml.safe_dump(config))
     (folder / "csv" / "metrics.csv").write_text(f"step,train/tokens_seen,val/loss\n10,1000,{loss}\n")
     (folder / ".hydra" / "overrides.yaml").write_text(
-        yaml.safe_dump([f"model={model}", *settings, f"study.arm={arm}", f"seed={seed}"])
+        yaml.safe_dump([f"model={model}", *settings, f"study.arm={arm}", f"++study.phase={phase}", f"seed={seed}"])
     )
     (folder / "finished.yaml").write_text("metrics: {}\n")
 
@@ -311,7 +318,8 @@ def test_a_ladder_report_judges_plain_claims_at_each_size_and_trends_across_them
 
 def test_the_ladder_report_fits_each_searched_setting_and_draws_it(tmp_path: Path) -> None:
     """Winners read from the judging runs' overrides: data parallelism's LR halving per size is
-    a power law, M = 1's H at 10 everywhere a constant; a figure per setting."""
+    a power law, M = 1's H at 10 everywhere a constant; a figure per setting; a search begun
+    is shown as it stands."""
     preset = OmegaConf.load(REPO / "conf" / "sweep" / "scaling_ladder_tuned.yaml")
     study = OmegaConf.to_container(preset.study)
     lrs = {"ladder_0_1m": "0.016", "ladder_0_3m": "0.008", "ladder_0_65m": "0.004", "ladder_1_2m": "0.001"}
@@ -324,8 +332,13 @@ def test_the_ladder_report_fits_each_searched_setting_and_draws_it(tmp_path: Pat
             for seed in (2, 3):
                 write_run(sweep / str(job), model, arm, seed, 2.0 + 0.01 * seed, study, settings)
                 job += 1
+    for lr, loss in (("0.004", 2.05), ("0.008", 2.0)):  # the smallest size's search, begun
+        write_run(sweep / str(job), "ladder_0_1m", "dp", 1, loss, study, (f"optimizer.lr={lr}",), phase="tune")
+        job += 1
     result = ladder(["report", str(sweep), "--out", str(tmp_path / "out")])
     assert result.returncode == 0, result.stderr[-2000:]
+    (search,) = [line for line in result.stdout.splitlines() if line.startswith("| dp | gp")]
+    assert "| 2 | optimizer.lr=0.008 | 2.0000 | lr: not bracketed |" in search, search
     sizes = [
         count_parameters(
             LlamaSettings(
