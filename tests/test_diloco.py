@@ -1,7 +1,8 @@
 """DiLoCo: the outer step by hand, and exactness against plain training and across ways to run replicas.
 
 - a two-round example computed by hand (sign and order of the pseudo-gradient, Nesterov);
-- M=1 with outer lr 1 and momentum 0 equals plain training;
+- M=1 with outer lr 1 and momentum 0 equals plain training, and so does M=1 at H=1 and outer lr
+  0.5 at half the inner lr;
 - M=2 fed identical data equals M=1;
 - simulated M=2 (one process) equals 2 real replicas (2 processes, gloo), also with int8 exchange;
 - 2 replicas x FSDP2 (4 processes) equal 2 unsharded replicas (2 processes), and so do 2
@@ -85,15 +86,27 @@ def train(overrides, run_dir, tmp_path_factory):
     return final_weights(run_dir)
 
 
-def test_one_replica_with_unit_outer_sgd_is_plain_training(tmp_path, tmp_path_factory):
+@pytest.mark.parametrize(
+    ("outer_lr", "sync_every", "plain_lr"),
+    [(1.0, 2, 4e-3), (0.5, 1, 2e-3)],
+    ids=["unit_outer_lr", "every_step_at_half_outer_lr"],
+)
+def test_one_replica_without_outer_momentum_is_plain_training(
+    outer_lr, sync_every, plain_lr, tmp_path, tmp_path_factory
+):
+    """M = 1 with plain outer SGD: at outer LR 1 any H is plain training; at H = 1 an outer LR
+    scales the step, so it is plain training at the inner LR times the outer LR (AdamW's
+    decoupled decay included), which a search that lands on H = 1 has found."""
     common = TINY + ["batch.micro_batch_size=2", "batch.global_batch_size=4", "trainer.max_steps=4", "logger=none"]
-    plain = train(common, tmp_path / "plain", tmp_path_factory)
+    plain = train([*common, f"optimizer.lr={plain_lr}"], tmp_path / "plain", tmp_path_factory)
     diloco = train(
         DILOCO
         + [
             "trainer.max_steps=4",
+            "optimizer.lr=4e-3",
             "technique.diloco.replicas=1",
-            "technique.diloco.outer_lr=1.0",
+            f"technique.diloco.outer_lr={outer_lr}",
+            f"technique.diloco.sync_every={sync_every}",
             "technique.diloco.outer_optimizer.momentum=0",
             "technique.diloco.outer_optimizer.nesterov=false",
         ],
