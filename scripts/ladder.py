@@ -167,9 +167,7 @@ def do_report(args: argparse.Namespace) -> None:
             print(f"- {method}, best {law.describe()}")
     report = build_report(runs)
     if report.tunings:
-        print(
-            f"\n## The search at each size (seed {', '.join(map(str, report.spec.tuning_seeds))}; finalists also on the finalist seeds)\n\n{tuning_table(report.tunings)}"
-        )
+        print(f"\n## The search at each size\n\n{tuning_table(report.tunings)}")
     if report.verdicts:
         print(f"\n## Claims\n\n{verdict_table(report.verdicts)}")
     print(f"\n## Compute\n\n{compute_table(runs)}")

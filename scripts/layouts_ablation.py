@@ -25,6 +25,7 @@ from pathlib import Path
 from benchmarks.layout_claims import rate_range, verdicts
 from benchmarks.layout_space import Planned, enumerate_layouts, plan_layouts
 from benchmarks.loops import processes_run
+from lightning_modules.layout_settings import ACTIVATION_CHECKPOINTING
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -44,6 +45,14 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.devices < 1:
         parser.exit(2, f"error: --devices={args.devices} must be at least 1.\n")
+    sizes = args.micro_batches.split(",")
+    if not all(size.isdigit() and int(size) > 0 for size in sizes):
+        parser.exit(2, f"error: --micro-batches={args.micro_batches} must be positive integers, e.g. 1,2,4.\n")
+    args.micro_batches = [int(size) for size in sizes]
+    args.checkpointing = tuple(args.checkpointing.split(","))
+    unknown = sorted(set(args.checkpointing) - set(ACTIVATION_CHECKPOINTING))
+    if unknown:
+        parser.exit(2, f"error: --checkpointing has unknown modes {unknown}; choose from {ACTIVATION_CHECKPOINTING}.\n")
     return args
 
 
@@ -121,9 +130,8 @@ def report(planned: list[Planned], args: argparse.Namespace) -> str:
 
 def main(argv: list[str]) -> None:
     args = parse_args(argv)
-    micro_batches = [int(value) for value in args.micro_batches.split(",")]
     planned = plan_layouts(
-        enumerate_layouts(args.devices, micro_batches, args.global_batch, tuple(args.checkpointing.split(","))),
+        enumerate_layouts(args.devices, args.micro_batches, args.global_batch, args.checkpointing),
         args.overrides,
         args.global_batch,
         args.device_memory_gib,

@@ -108,6 +108,19 @@ def test_a_space_no_layout_of_fits_is_refused_in_one_line_with_the_smallest_need
     )
 
 
+@pytest.mark.parametrize(
+    ("flag", "value", "message"),
+    [
+        ("--checkpointing", "none,fulll", "error: --checkpointing has unknown modes ['fulll']; choose from"),
+        ("--micro-batches", "1,two", "error: --micro-batches=1,two must be positive integers"),
+    ],
+)
+def test_a_mistyped_option_is_refused_in_one_line_before_any_plan(flag, value, message):
+    result = ablation("--devices", "2", "--device-memory-gib", "1", "--hardware", "CPU", flag, value, "--", *TINY_CPU)
+    assert result.returncode == 2 and result.stdout == ""
+    assert result.stderr.strip().splitlines()[-1].startswith(message), result.stderr
+
+
 def test_the_plan_leaves_out_layouts_the_run_refuses_and_those_that_do_not_fit(tmp_path):
     result = ablation(
         "--devices", "2", "--device-memory-gib", "0.015", "--micro-batches", "1,8", "--hardware", "CPU", "--plan-only",
