@@ -211,6 +211,7 @@ P2 = ["trainer.devices=2"]
         (P2, SEQ_LEN_WARMUP, "1 data-parallel x 2 pipeline ranks, 2 stages (1f1b"),
         (P2, BATCH_WARMUP, "1 data-parallel x 2 pipeline ranks, 2 stages (1f1b"),
         (P2, ADAPTIVE_BATCH, "1 data-parallel x 2 pipeline ranks, 2 stages (1f1b"),
+        (P2, ("optimizer=muon",), "1 data-parallel x 2 pipeline ranks, 2 stages (1f1b"),
     ],
     ids=[
         "P2_gpipe",
@@ -220,6 +221,7 @@ P2 = ["trainer.devices=2"]
         "P2_seq_len_warmup",
         "P2_batch_warmup",
         "P2_adaptive_batch",
+        "P2_muon",
     ],
 )
 def test_a_pipelined_run_takes_one_process_s_steps(layout, extra, line, one_process, tmp_path, tmp_path_factory):
@@ -308,8 +310,7 @@ def test_a_pipeline_s_checkpoint_resumes_on_two_stages_and_on_one_process(tmp_pa
     """Saved at step 3 of 6 by 2 pipeline stages under Muon (whose groups a pipeline rank's
     distributed checkpoint restores bare), resumed on the same 2 stages and whole on one
     process (FSDP2, which reads the sharded checkpoint): the uninterrupted run's weights
-    (reduction-order noise). The one-process resume is also this suite's check that Muon's
-    steps under a pipeline are one process's."""
+    (reduction-order noise)."""
     cache = tmp_path_factory.getbasetemp() / "cache"
     common = FOUR_BLOCKS + [
         "optimizer=muon",
