@@ -436,7 +436,8 @@ def ladder_verdicts(
     """A study crossed with model sizes (a ladder): each plain claim judged at each size (its
     text names it), each trend claim across them, in the looks the study's plan made
     (``study/looks.py``). An arm whose search at a size is not tuned is not judged there
-    (``not tuned``) and leaves the trend, as the plan never judged it."""
+    (``not tuned``) and leaves the trend, as the plan's looks leave it out (in a ladder with a
+    held-out size its winner's judging runs exist: the loss fits read them)."""
     labels = distinct_crossings(list(crossings))
     bases, sizes, untuned_at = [], [], []
     for crossing, members in crossings.items():

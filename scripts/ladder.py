@@ -174,7 +174,7 @@ def do_report(args: argparse.Namespace) -> None:
     out = args.out or args.dirs[0] / "report"
     out.mkdir(parents=True, exist_ok=True)
     plot_loss(found, predictions, out / "ladder_loss.png")
-    plot_gap(found, out / "ladder_gap.png")
+    plot_gap(found, out / "ladder_gap.png", not_tuned(report.tunings))
     figures = [out / "ladder_loss.png", out / "ladder_gap.png"]
     figures += plot_settings(laws, [run for run in runs if run.phase == HELD_OUT], out)
     print(f"\nwrote {', '.join(map(str, figures))}", file=sys.stderr)
@@ -270,24 +270,37 @@ def plot_loss(found, predictions: list[Prediction], path: Path) -> None:
     plt.close(figure)
 
 
-def plot_gap(found, path: Path) -> None:
-    """Each DiLoCo method's loss minus data parallelism's at the same size and seed."""
+def not_tuned(tunings: dict) -> set[tuple[str, str]]:
+    """The (method, size) pairs whose search is not tuned: out of the claims, hollow in the gap figure."""
+    found = set()
+    for (arm, label), tuning in tunings.items():
+        model = next((part.removeprefix("model=") for part in label.split() if part.startswith("model=")), None)
+        if model is not None and not tuning.tuned:
+            found.add((arm, model))
+    return found
+
+
+def plot_gap(found, path: Path, untuned: set[tuple[str, str]] = frozenset()) -> None:
+    """Each DiLoCo method's loss minus data parallelism's at the same size and seed; a size where
+    either search is not tuned is drawn hollow (it is measured, but out of the trend)."""
     figure, axis = plt.subplots(figsize=(7, 4.5))
     methods = by_method(found)
     baseline = {r.model: r for r in methods.get("dp", [])}
-    for method, members in methods.items():
-        if method == "dp":
-            continue
-        points = [
-            (r.n_params, r.losses[s] - baseline[r.model].losses[s])
-            for r in members
-            if r.model in baseline
-            for s in r.losses
-            if s in baseline[r.model].losses
-        ]
-        if points:
-            xs, ys = zip(*points)
-            axis.plot(xs, ys, "o", alpha=0.6, label=method)
+    for index, (method, members) in enumerate(item for item in methods.items() if item[0] != "dp"):
+        color = f"C{index}"
+        for hollow in (False, True):
+            points = [
+                (r.n_params, r.losses[s] - baseline[r.model].losses[s])
+                for r in members
+                if r.model in baseline and hollow == bool({(method, r.model), ("dp", r.model)} & untuned)
+                for s in r.losses
+                if s in baseline[r.model].losses
+            ]
+            if points:
+                xs, ys = zip(*points)
+                label = f"{method} (not tuned: out of the trend)" if hollow else method
+                style = {"markerfacecolor": "none"} if hollow else {}
+                axis.plot(xs, ys, "o", color=color, alpha=0.6, label=label, **style)
     axis.axhline(0, color="black", linewidth=0.8)
     axis.set(
         xscale="log",

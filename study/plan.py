@@ -10,7 +10,9 @@ The phases, each starting once the one before has nothing left:
 1. **tune**: every (base job, arm) search's pending points (``study/tuner.py``) on every
    tuning seed, then its finalists and anchors on the finalist seeds;
 2. **judge**: each tuned arm's winner on the judging seeds (an arm whose search is not tuned,
-   say an anchor beat its winner, is not judged). With ``study.seeds: {first: [...], max: N}``
+   say an anchor beat its winner, is not judged; in a ladder with a held-out size its winner
+   runs on the judging seeds all the same, for the loss law the prediction fits, and stays out
+   of the claims). With ``study.seeds: {first: [...], max: N}``
    more seeds follow while a claim is unresolved (inconclusive or underpowered; in a ladder,
    a plain claim at any size or a trend claim across the sizes), up to the
    next planned look (``study.seeds.looks``, by default the cap N), numbered on from the
@@ -145,8 +147,14 @@ class StudyPlan:
         ]
 
     def judged(self, tunings: dict[tuple[int, str], Tuning]) -> list[tuple[int, str, Point]]:
-        """The searches whose winner is judged: the tuned ones."""
-        return [(base, arm, tuning.winner) for (base, arm), tuning in tunings.items() if tuning.tuned]
+        """The searches whose winner runs on the judging seeds: the tuned ones; in a ladder with a
+        held-out size every finished search's, as its loss law and the held-out prediction take
+        every size's winner (the claims still leave out the ones not tuned, ``_claim_groups``)."""
+        return [
+            (base, arm, tuning.winner)
+            for (base, arm), tuning in tunings.items()
+            if tuning.tuned or self.held_out is not None and tuning.over and tuning.winner is not None
+        ]
 
     def _judge_round(self, tunings: dict[tuple[int, str], Tuning]) -> list[TunedJob]:
         """The judging seeds' jobs: the first seeds, then those each look asks for (``study/looks.py``)."""
@@ -157,18 +165,22 @@ class StudyPlan:
         bases = sorted({base for base, _, _ in judged})
         trends = self.sizes is not None and any(claim.trend for claim in self.spec.claims)
         sizes = [self.sizes[base] for base in bases] if trends else None
-        judgement = judge_in_looks(self.spec, [self._groups(base, judged) for base in bases], sizes=sizes)
+        groups = [self._claim_groups(base, judged, tunings) for base in bases]
+        judgement = judge_in_looks(self.spec, groups, sizes=sizes)
         return [
             TunedJob(base, arm, point, seed, JUDGE)
             for base, arm, point in judged
             for seed in judgement.next_seeds or []
         ]
 
-    def _groups(self, base: int, judged: list[tuple[int, str, Point]]) -> dict[str, dict[str, Spread]]:
-        """A base job's judged arms: each metric's final values over the judging seeds that finished."""
+    def _claim_groups(
+        self, base: int, judged: list[tuple[int, str, Point]], tunings: dict[tuple[int, str], Tuning]
+    ) -> dict[str, dict[str, Spread]]:
+        """A base job's judged arms whose search is tuned: each metric's final values over the
+        judging seeds that finished (the report leaves the same arms out, so both replay the same looks)."""
         groups = {}
         for b, arm, point in judged:
-            if b != base:
+            if b != base or not tunings[(b, arm)].tuned:
                 continue
             runs = {
                 job.seed: metrics

@@ -361,3 +361,18 @@ def test_the_ladder_report_fits_each_searched_setting_and_draws_it(tmp_path: Pat
         "ladder_outer_lr.png",
         "ladder_sync_every.png",
     }
+
+
+def test_the_gap_figure_marks_each_size_whose_search_is_not_tuned() -> None:
+    """The (method, size) pairs drawn hollow: read from each search's label, whatever else it crosses."""
+    from types import SimpleNamespace
+
+    from scripts.ladder import not_tuned
+
+    tunings = {
+        ("dp", "model=ladder_0_1m token_budget=418752"): SimpleNamespace(tuned=False),
+        ("m1", "token_budget=1181664 model=ladder_0_3m"): SimpleNamespace(tuned=False),
+        ("m1", "model=ladder_0_65m token_budget=2608512"): SimpleNamespace(tuned=True),
+        ("m2", "seed=3"): SimpleNamespace(tuned=False),  # no size: not a ladder's search
+    }
+    assert not_tuned(tunings) == {("dp", "ladder_0_1m"), ("m1", "ladder_0_3m")}

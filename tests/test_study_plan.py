@@ -1,5 +1,5 @@
 """A tuned study's plan: the same rounds from the same finished jobs whoever asks, arms whose
-search is not tuned are not judged, judging seeds are added until the claims are resolved,
+search is not tuned are not judged (in a held-out ladder: run, but left out of the claims), judging seeds are added until the claims are resolved,
 and an underpowered claim is reported as such (intervals against scipy's)."""
 
 import math
@@ -165,6 +165,42 @@ def test_a_ladder_adds_judging_seeds_while_a_trend_claim_is_unresolved() -> None
     assert play_trend(-0.05, {}) == [[2, 3]]
     # No trend and the sizes scattered about the line: unresolved, so seeds go to the cap.
     assert play_trend(0.0, {seed: 0.02 for seed in range(2, 8)}) == [[2, 3], [4, 5, 6, 7]]
+
+
+def test_a_held_out_ladder_judges_a_winner_that_is_not_tuned_but_leaves_it_out_of_the_claims() -> None:
+    # Five sizes, the largest held out; at the second size other's anchor (1e-3) beats every
+    # point its search runs, so that search is not tuned there.
+    sizes = [*LADDER_SIZES, 2_100_000]
+    bases = [([f"model=m{i}"], ["base", "other"]) for i in range(5)]
+    plan = StudyPlan(ladder_spec(), bases, held_out=4, sizes=sizes)
+
+    def tune_loss_here(job: TunedJob) -> float:
+        return 1.0 if (job.base, job.arm, job.point) == (1, "other", (0,)) else tune_loss(job)
+
+    def judge_loss(job: TunedJob) -> float:
+        # A gap falling 0.05 per decade at the tuned sizes; the untuned one's is far above the
+        # line, which would leave the trend unresolved (and add seeds) if it counted.
+        gap = 0.1 - 0.05 * math.log10(sizes[job.base]) + (0.3 if job.base == 1 else 0.0)
+        return 2.0 + (gap if job.arm == "other" else 0.0)
+
+    rounds = []
+    for _ in range(50):
+        jobs = plan.next_round()
+        if not jobs:
+            break
+        rounds.append(jobs)
+        for job in jobs:
+            plan.record(job, {"val/loss": tune_loss_here(job) if job.phase == TUNE else judge_loss(job)})
+    tunings = plan.tunings()
+    assert [b for b in range(4) if not tunings[(b, "other")].tuned] == [1]
+    judged = [job for r in rounds for job in r if job.phase == JUDGE]
+    # Every size's winner runs on the judging seeds, the untuned one's too, and only the first
+    # look's: without that size the trend is resolved there.
+    assert {(job.base, job.arm) for job in judged} == {(b, a) for b in range(4) for a in ("base", "other")}
+    assert {job.seed for job in judged} == {2, 3}
+    assert (1, "other", tunings[(1, "other")].winner) in {(job.base, job.arm, job.point) for job in judged}
+    held_out = [job for job in rounds[-1] if job.base == 4]
+    assert held_out and {job.arm for job in held_out} == {"base", "other"} and all(job.settings for job in held_out)
 
 
 def test_a_trend_verdict_at_a_look_is_scipys_regression_at_that_look_s_level() -> None:
