@@ -58,6 +58,7 @@ from study.setting_laws import MAJORITY, MIN_SIZES, POWER_LAW, SettingLaw, setti
 from analysis.runs import find_runs  # noqa: E402
 from analysis.scaling_laws import parameter_count  # noqa: E402
 from common.errors import ConfigError  # noqa: E402
+from common.overrides import override_value  # noqa: E402
 from launch.cli import exit_code  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
@@ -272,12 +273,10 @@ def plot_loss(found, predictions: list[Prediction], path: Path) -> None:
 
 def not_tuned(tunings: dict) -> set[tuple[str, str]]:
     """The (method, size) pairs whose search is not tuned: out of the claims, hollow in the gap figure."""
-    found = set()
-    for (arm, label), tuning in tunings.items():
-        model = next((part.removeprefix("model=") for part in label.split() if part.startswith("model=")), None)
-        if model is not None and not tuning.tuned:
-            found.add((arm, model))
-    return found
+    found = {
+        (arm, override_value(label.split(), "model")) for (arm, label), tuning in tunings.items() if not tuning.tuned
+    }
+    return {(arm, model) for arm, model in found if model is not None}
 
 
 def plot_gap(found, path: Path, untuned: set[tuple[str, str]] = frozenset()) -> None:
