@@ -14,7 +14,7 @@ import pytest
 from benchmarks.row_log import rows_by_step
 from common.errors import ConfigError
 from settings.from_config import read_settings
-from tests.run_helpers import REPO, compose_config, run_train, train_in_process
+from tests.run_helpers import REPO, compose_config, run_to_completion, train_in_process
 
 STEPS = [
     "trainer.max_steps=10",
@@ -66,8 +66,7 @@ def one_process_runs(tmp_path_factory, base: list[str]) -> Callable[[tuple[str, 
         if extra not in runs:
             run_dir = tmp_path_factory.mktemp("one")
             cache = tmp_path_factory.getbasetemp() / "cache"
-            result = run_train(base + STEPS + list(extra) + row_log(run_dir), run_dir, cache)
-            assert result.returncode == 0, result.stderr[-3000:]
+            run_to_completion(base + STEPS + list(extra) + row_log(run_dir), run_dir, cache)
             runs[extra] = logged(run_dir), rows_by_step(run_dir / "rows")
         return runs[extra]
 

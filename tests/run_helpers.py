@@ -1,8 +1,8 @@
-"""Shared helpers for tests that train: tiny settings, Hydra composition, subprocess runs."""
+"""Shared helpers for tests that train: tiny settings, Hydra composition, runs in a subprocess or in this process."""
 
 import contextlib
-import io
 import csv
+import io
 import os
 import runpy
 import subprocess
@@ -16,13 +16,12 @@ from omegaconf import OmegaConf
 
 from benchmarks.memory_logger import MemoryLogger  # noqa: F401 - tests import it from here
 from launch.builders import build_callbacks, build_datamodule, build_module, build_trainer
-from settings.from_config import read_settings
-
-from settings.typed import settings_from_config
 from lightning_modules.global_batch import BatchSettings, GlobalBatch
 from lightning_modules.llama import LlamaSettings
 from lightning_modules.parallelism import LayoutSettings
 from lightning_modules.training_state import TrainingState
+from settings.from_config import read_settings
+from settings.typed import settings_from_config
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -153,6 +152,20 @@ def train_in_process(arguments: list[str], run_dir: Path, cache: Path) -> tuple[
     finally:
         sys.argv = saved
     return 0, errors.getvalue()
+
+
+def run_to_completion(arguments: list[str], run_dir: Path, cache: Path) -> None:
+    """`python train.py ARGUMENTS`, which must exit 0. A one-process run on the default strategy
+    that does not resume trains in this process: as a subprocess, about nine tenths of its time
+    would go to starting Python and importing Lightning. Runs of several processes or another
+    strategy, and resumes (which must not find the first run's state in memory), get their own."""
+    several = any(argument.startswith("trainer.devices=") and argument != "trainer.devices=1" for argument in arguments)
+    if several or any(argument.startswith(("strategy=", "ckpt_path=")) for argument in arguments):
+        result = run_train(arguments, run_dir, cache)
+        assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    else:
+        code, stderr = train_in_process(arguments, run_dir, cache)
+        assert code == 0, stderr[-3000:]
 
 
 def export_matches_checkpoint(checkpoint: Path, export_dir: Path) -> tuple[LlamaSettings, dict[str, torch.Tensor]]:

@@ -24,7 +24,7 @@ from torch.func import functional_call, grad, vmap
 from callbacks.batch_size.adaptive import AdaptiveBatchSize
 from launch.builders import build_callbacks, build_datamodule, build_module, build_trainer
 from settings.from_config import read_settings
-from tests.run_helpers import train_losses, TINY, checkpoint_weights, compose_config, run_train
+from tests.run_helpers import TINY, checkpoint_weights, compose_config, run_to_completion, run_train, train_losses
 
 STATISTICS = {
     "variance": "adaptive_bs/variance",
@@ -123,19 +123,16 @@ def test_two_processes_match_brute_force(strategy, samples, one_device, tmp_path
     per_sequence, _ = one_device
     run_dir = tmp_path / "run"
     overrides = ADAPTIVE + strategy + ["trainer.devices=2", "trainer.accelerator=cpu", "logger=csv"]
-    result = run_train(overrides, run_dir, tmp_path_factory.getbasetemp() / "cache")
-    assert result.returncode == 0, result.stderr[-3000:]
+    run_to_completion(overrides, run_dir, tmp_path_factory.getbasetemp() / "cache")
     assert_matches(logged_statistics(run_dir), reference(per_sequence, samples))
 
 
 def test_fsdp2_and_one_device_agree_on_the_same_samples(tmp_path, tmp_path_factory):
     """Micro-batches of 4 on one device are the same samples as FSDP2's micro-steps of 2 x 2 ranks."""
     cache = tmp_path_factory.getbasetemp() / "cache"
-    one = run_train(ADAPTIVE + ["batch.micro_batch_size=4", "logger=csv"], tmp_path / "one", cache)
-    assert one.returncode == 0, one.stderr[-3000:]
+    run_to_completion(ADAPTIVE + ["batch.micro_batch_size=4", "logger=csv"], tmp_path / "one", cache)
     two = ADAPTIVE + ["strategy=fsdp2", "trainer.devices=2", "trainer.accelerator=cpu", "logger=csv"]
-    fsdp2 = run_train(two, tmp_path / "two", cache)
-    assert fsdp2.returncode == 0, fsdp2.stderr[-3000:]
+    run_to_completion(two, tmp_path / "two", cache)
     assert_matches(logged_statistics(tmp_path / "two"), logged_statistics(tmp_path / "one"))
 
 
@@ -165,8 +162,7 @@ def test_resume_mid_schedule_continues_exactly(tmp_path, tmp_path_factory):
         "callbacks.model_checkpoint.every_n_train_steps=1",
         "logger=csv",
     ]
-    full = run_train(growing, tmp_path / "full", cache)
-    assert full.returncode == 0, full.stderr[-3000:]
+    run_to_completion(growing, tmp_path / "full", cache)
     sizes = batch_sizes(tmp_path / "full")
     assert sizes[1] == 8 and sizes[2] > 8, sizes  # step 1's test asked for more, applied from step 2
     rates = learning_rates(tmp_path / "full")
@@ -225,10 +221,9 @@ UNTESTED_STEPS = TINY + ["trainer.max_steps=3", "logger=csv", "batch.global_batc
 def untested_run(tmp_path_factory):
     """Three steps of the batch the tests below keep, without any test."""
     run_dir = tmp_path_factory.mktemp("untested")
-    result = run_train(
+    run_to_completion(
         UNTESTED_STEPS + ["batch.max_micro_batch_size=4"], run_dir, tmp_path_factory.getbasetemp() / "cache"
     )
-    assert result.returncode == 0, result.stderr[-3000:]
     return run_dir
 
 
@@ -243,8 +238,7 @@ def test_taking_the_micro_steps_gradients_leaves_training_unchanged(test, untest
         "technique.adaptive_batch.theta=1e6",
         "technique.adaptive_batch.nu=1e6",
     ]
-    tested = run_train(UNTESTED_STEPS + kept, tmp_path / "tested", tmp_path_factory.getbasetemp() / "cache")
-    assert tested.returncode == 0, tested.stderr[-3000:]
+    run_to_completion(UNTESTED_STEPS + kept, tmp_path / "tested", tmp_path_factory.getbasetemp() / "cache")
     assert train_losses(tmp_path / "tested") == train_losses(untested_run)
     expected = checkpoint_weights(untested_run / "checkpoints/last.ckpt")
     for name, value in checkpoint_weights(tmp_path / "tested/checkpoints/last.ckpt").items():
@@ -270,10 +264,9 @@ def test_read_next_step_decides_a_step_later_on_the_same_statistics_and_resumes_
         "callbacks.model_checkpoint.every_n_train_steps=1",
         "logger=csv",
     ]
-    now = run_train(growing + ["trainer.max_steps=2"], tmp_path / "now", cache)
+    run_to_completion(growing + ["trainer.max_steps=2"], tmp_path / "now", cache)
     later_overrides = growing + ["trainer.max_steps=4", "technique.adaptive_batch.read_next_step=true"]
-    later = run_train(later_overrides, tmp_path / "later", cache)
-    assert now.returncode == 0 and later.returncode == 0, (now.stderr + later.stderr)[-3000:]
+    run_to_completion(later_overrides, tmp_path / "later", cache)
     now_sizes, later_sizes = batch_sizes(tmp_path / "now"), batch_sizes(tmp_path / "later")
     assert now_sizes[1] == 8 and now_sizes[2] > 8, now_sizes
     assert later_sizes[1] == later_sizes[2] == 8 and later_sizes[3] == now_sizes[2], later_sizes

@@ -9,9 +9,9 @@ from callbacks.batch_size.adaptive import AdaptiveBatchSize
 from callbacks.batch_size.lr_scaling import lr_scaling_for
 from callbacks.batch_size.noise_tests import SampleSums, noise_scale, required_batch
 from common.errors import ConfigError
-from settings.from_config import read_settings
 from lightning_modules.clock import TrainingClock
-from tests.run_helpers import TINY, compose_config, run_train, training_state
+from settings.from_config import read_settings
+from tests.run_helpers import TINY, compose_config, run_to_completion, run_train, training_state
 
 # n = 4 samples of b_s = 2: tr(Sigma) = 2 * (7 - 4 * 1) / 3 = 2 and ||g||^2 = 1, so the
 # noise scale is 2 and the norm test at eta = 0.1 asks for 2 / 0.01 = 200 sequences.
@@ -130,8 +130,7 @@ def test_a_warmup_run_logs_the_linearly_scaled_learning_rate(tmp_path, tmp_path_
         "batch.max_global_batch_size=32",
         "logger=csv",
     ]
-    result = run_train(overrides, tmp_path / "run", tmp_path_factory.getbasetemp() / "cache")
-    assert result.returncode == 0, result.stderr[-3000:]
+    run_to_completion(overrides, tmp_path / "run", tmp_path_factory.getbasetemp() / "cache")
     rows = [row for row in load_run(tmp_path / "run").rows if "train/lr" in row]
     assert {row["train/global_batch_size"] for row in rows} == {8, 16, 32}
     for row in rows:
@@ -256,8 +255,7 @@ def test_a_seesaw_run_logs_the_rule_and_resumes_exactly(tmp_path, tmp_path_facto
         "logger=csv",
         "callbacks.model_checkpoint.every_n_train_steps=5",
     ]
-    full = run_train(overrides, tmp_path / "full", cache)
-    assert full.returncode == 0, full.stderr[-3000:]
+    run_to_completion(overrides, tmp_path / "full", cache)
     rows = [row for row in load_run(tmp_path / "full").rows if "train/lr" in row]
     assert {row["train/global_batch_size"] for row in rows} == {8, 16, 32}
     for row in rows:  # the rule at the tokens seen when the step started (32 tokens a row)

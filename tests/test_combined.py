@@ -11,7 +11,7 @@ import csv
 import pytest
 import torch
 
-from tests.run_helpers import TINY, checkpoint_weights, run_train
+from tests.run_helpers import TINY, checkpoint_weights, run_to_completion
 
 COMBINED = TINY + [
     "+experiment=combined",
@@ -41,8 +41,7 @@ def schedule(run_dir) -> dict[int, tuple[float, ...]]:
 
 
 def train(overrides, run_dir, tmp_path_factory):
-    result = run_train(COMBINED + overrides, run_dir, tmp_path_factory.getbasetemp() / "cache")
-    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    run_to_completion(COMBINED + overrides, run_dir, tmp_path_factory.getbasetemp() / "cache")
     return checkpoint_weights(run_dir / "checkpoints" / "last.ckpt"), schedule(run_dir)
 
 

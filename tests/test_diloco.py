@@ -17,7 +17,7 @@ import torch
 
 from callbacks.diloco.exchange import average_in_process, quantize
 from callbacks.diloco.outer_step import OuterStep
-from tests.run_helpers import TINY, checkpoint_weights, compose_config, fit_in_process, run_train
+from tests.run_helpers import TINY, checkpoint_weights, compose_config, fit_in_process, run_to_completion, run_train
 
 DILOCO = TINY + [
     "+technique=diloco",
@@ -81,8 +81,7 @@ def assert_same_weights(actual, expected, atol: float) -> None:
 
 
 def train(overrides, run_dir, tmp_path_factory):
-    result = run_train(overrides, run_dir, tmp_path_factory.getbasetemp() / "cache")
-    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    run_to_completion(overrides, run_dir, tmp_path_factory.getbasetemp() / "cache")
     return final_weights(run_dir)
 
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from lightning_modules.hf_interop import load_lightning_checkpoint
-from tests.run_helpers import TINY, checkpoint_weights, run_train
+from tests.run_helpers import TINY, checkpoint_weights, run_to_completion, run_train
 
 STEPS = ["trainer.max_steps=4", "logger=none", "callbacks.validation_schedule.every_n_steps=100"]
 
@@ -17,8 +17,7 @@ STEPS = ["trainer.max_steps=4", "logger=none", "callbacks.validation_schedule.ev
 @pytest.fixture(scope="module")
 def single_process_weights(tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("single")
-    result = run_train(TINY + STEPS, run_dir, tmp_path_factory.getbasetemp() / "cache")
-    assert result.returncode == 0, result.stderr[-3000:]
+    run_to_completion(TINY + STEPS, run_dir, tmp_path_factory.getbasetemp() / "cache")
     return checkpoint_weights(run_dir / "checkpoints" / "last.ckpt")
 
 
@@ -33,8 +32,7 @@ def single_process_weights(tmp_path_factory):
 def test_two_processes_match_one(strategy, single_process_weights, tmp_path, tmp_path_factory):
     run_dir = tmp_path / "run"
     overrides = TINY + STEPS + strategy + ["trainer.devices=2", "trainer.accelerator=cpu"]
-    result = run_train(overrides, run_dir, tmp_path_factory.getbasetemp() / "cache")
-    assert result.returncode == 0, result.stderr[-3000:]
+    run_to_completion(overrides, run_dir, tmp_path_factory.getbasetemp() / "cache")
     weights = checkpoint_weights(run_dir / "checkpoints" / "last.ckpt")
     assert weights.keys() == single_process_weights.keys()
     for name, value in single_process_weights.items():
@@ -77,8 +75,7 @@ WARMUP = [
 @pytest.fixture(scope="module")
 def single_process_warmup_weights(tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("single_warmup")
-    result = run_train(TINY + STEPS + WARMUP, run_dir, tmp_path_factory.getbasetemp() / "cache")
-    assert result.returncode == 0, result.stderr[-3000:]
+    run_to_completion(TINY + STEPS + WARMUP, run_dir, tmp_path_factory.getbasetemp() / "cache")
     return checkpoint_weights(run_dir / "checkpoints" / "last.ckpt")
 
 
@@ -91,8 +88,7 @@ def test_sequence_length_warmup_under_two_processes_matches_one(
     strategy, single_process_warmup_weights, tmp_path, tmp_path_factory
 ):
     overrides = TINY + STEPS + WARMUP + strategy + ["trainer.devices=2", "trainer.accelerator=cpu"]
-    result = run_train(overrides, tmp_path / "run", tmp_path_factory.getbasetemp() / "cache")
-    assert result.returncode == 0, result.stderr[-3000:]
+    run_to_completion(overrides, tmp_path / "run", tmp_path_factory.getbasetemp() / "cache")
     weights = checkpoint_weights(tmp_path / "run" / "checkpoints" / "last.ckpt")
     for name, value in single_process_warmup_weights.items():
         torch.testing.assert_close(weights[name], value, rtol=1e-4, atol=2e-5, msg=name)

@@ -19,6 +19,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from lm_eval.api.instance import Instance
 
+from common.errors import DataError
 from data.datamodule import TextDataModule
 from data.token_cache import open_token_cache
 from data.tokenizer_export import save_hf_tokenizer
@@ -26,10 +27,9 @@ from data.tokenizers import ByteTokenizer
 from evaluation.corpus_cloze import TASK_NAME, build_corpus_cloze_task
 from evaluation.harness import evaluate
 from evaluation.lm_adapter import LlamaLM
-from common.errors import DataError
 from lightning_modules.hf_interop import save_hf_pretrained
 from lightning_modules.llama import Llama, LlamaSettings
-from tests.run_helpers import REPO, TINY, run_train
+from tests.run_helpers import REPO, TINY, run_to_completion
 
 EOS, MAX_LENGTH = 256, 48
 PAIRS = [
@@ -261,8 +261,7 @@ def trained_checkpoint(tmp_path_factory) -> Path:
     """A checkpoint of a 2-step TINY run; val_fraction 0.05 holds out 30 of its 600 documents."""
     run_dir = tmp_path_factory.mktemp("run")
     overrides = TINY + ["logger=none", "trainer.max_steps=2", "data.val_fraction=0.05"]
-    result = run_train(overrides, run_dir, tmp_path_factory.mktemp("cache"))
-    assert result.returncode == 0, result.stderr[-3000:]
+    run_to_completion(overrides, run_dir, tmp_path_factory.mktemp("cache"))
     return run_dir / "checkpoints" / "last.ckpt"
 
 

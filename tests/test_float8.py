@@ -13,7 +13,14 @@ from torch import nn
 from lightning_modules.float8 import convert_to_float8, float8_linear_config
 from lightning_modules.llama import Llama, LlamaSettings
 from lightning_modules.parallelism import LayoutSettings, apply_layout
-from tests.run_helpers import train_losses, OBSERVED, TINY, checkpoint_weights, default_settings, run_train
+from tests.run_helpers import (
+    OBSERVED,
+    TINY,
+    checkpoint_weights,
+    default_settings,
+    run_to_completion,
+    train_losses,
+)
 
 torchao_float8 = pytest.importorskip("torchao.float8")
 Float8Linear = pytest.importorskip("torchao.float8.float8_linear").Float8Linear
@@ -89,8 +96,7 @@ def cache(tmp_path_factory):
 
 def trained(tmp_path, cache, name: str, *overrides: str, steps: int = STEPS):
     run_dir = tmp_path / name
-    result = run_train(TINY + OBSERVED + [f"trainer.max_steps={steps}", *overrides], run_dir, cache)
-    assert result.returncode == 0, result.stderr[-3000:]
+    run_to_completion(TINY + OBSERVED + [f"trainer.max_steps={steps}", *overrides], run_dir, cache)
     return run_dir
 
 

@@ -13,7 +13,7 @@ from analysis.runs import load_run
 from common.errors import ConfigError
 from data.datamodule import TextDataModule
 from data.mixture import BLOCK, DRAW_STREAM, MixtureOrder, mixture_entries
-from tests.run_helpers import TINY, run_train
+from tests.run_helpers import TINY, run_to_completion, run_train
 
 
 def reference_rows(source_rows, history, seed, count):
@@ -138,8 +138,7 @@ def test_a_mixture_run_logs_each_source_and_resumes_exactly(tmp_path, tmp_path_f
         "callbacks.validation_schedule.every_n_steps=4",
         "callbacks.model_checkpoint.every_n_train_steps=8",
     ]
-    full = run_train(overrides, tmp_path / "full", cache)
-    assert full.returncode == 0, full.stderr[-3000:]
+    run_to_completion(overrides, tmp_path / "full", cache)
     rows = load_run(tmp_path / "full").rows
     val = [row for row in rows if "val/loss/sherlock" in row]
     assert val and all("val/loss/other_books" in row and "val/loss" in row for row in val)

@@ -15,7 +15,14 @@ import pytest
 import torch
 
 from callbacks.infrastructure.optimizer_stats import OptimizerStatistics
-from tests.run_helpers import TINY, MemoryLogger, compose_config, fit_in_process, run_train, training_state
+from tests.run_helpers import (
+    TINY,
+    MemoryLogger,
+    compose_config,
+    fit_in_process,
+    run_to_completion,
+    training_state,
+)
 
 ADAM_KEYS = ("stability/adam_v_l1", "stability/adam_v_l2", "stability/adam_v_max")
 RATIO = "stability/loss_spike_ratio"
@@ -138,8 +145,7 @@ def test_two_processes_report_whole_model_statistics(strategy, uninterrupted, tm
     """FSDP2 sums its shards; DDP's replicated states are not summed again."""
     run_dir = tmp_path / "run"
     overrides = SETTINGS + strategy + ["trainer.devices=2", "trainer.accelerator=cpu", "logger=csv"]
-    result = run_train(overrides, run_dir, tmp_path_factory.getbasetemp() / "cache")
-    assert result.returncode == 0, result.stderr[-3000:]
+    run_to_completion(overrides, run_dir, tmp_path_factory.getbasetemp() / "cache")
     signals, (_, single_process) = logged_signals(run_dir), uninterrupted
     assert sorted(signals) == sorted(single_process) == [1, 2, 3, 4]
 

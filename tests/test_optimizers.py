@@ -13,7 +13,7 @@ from analysis.runs import load_run
 from lightning_modules.llama import Llama, LlamaSettings
 from lightning_modules.optimizers.muon import Muon, MuonSettings, hidden_matrices
 from lightning_modules.optimizers.settings import group_settings, restore_group_settings
-from tests.run_helpers import REPO, TINY, compose_config, run_train
+from tests.run_helpers import REPO, TINY, compose_config, run_to_completion, run_train
 
 REFERENCE = json.loads((REPO / "tests" / "data" / "default_recipe_reference.json").read_text())
 
@@ -28,8 +28,7 @@ def test_optimizer_adamw_is_the_old_default_recipe(tmp_path, tmp_path_factory):
     tokens instead of over batches (4.0358 before); the training values are the original ones."""
     run_dir = tmp_path / "run"
     overrides = ["optimizer=adamw", "+experiment=tiny_recipe", *REFERENCE["overrides"]]
-    result = run_train(overrides, run_dir, tmp_path_factory.getbasetemp() / "default_cache")
-    assert result.returncode == 0, result.stderr[-3000:]
+    run_to_completion(overrides, run_dir, tmp_path_factory.getbasetemp() / "default_cache")
     rows = [row for row in load_run(run_dir).rows if "train/loss" in row]
     for key in ("train/loss", "train/grad_norm", "train/lr"):
         assert [row[key] for row in rows] == pytest.approx(REFERENCE[key], rel=5e-7, abs=0), key
@@ -207,8 +206,7 @@ def losses(run_dir: Path) -> list[float]:
 @pytest.fixture(scope="module")
 def one_process(tmp_path_factory) -> Path:
     run_dir = tmp_path_factory.mktemp("muon") / "one"
-    result = run_train(MUON, run_dir, tmp_path_factory.getbasetemp() / "cache")
-    assert result.returncode == 0, result.stderr[-3000:]
+    run_to_completion(MUON, run_dir, tmp_path_factory.getbasetemp() / "cache")
     return run_dir
 
 
@@ -219,8 +217,7 @@ def test_two_ranks_take_the_steps_of_one_process(strategy, atol, one_process, tm
     moved a loss of 5.5 by 4.8e-6; on CPU ``auto`` now iterates in float32); FSDP2 runs
     Newton-Schulz on row-sharded DTensors (products over gathered shards: equal to 1e-4)."""
     overrides = [*MUON, f"strategy={strategy}", "trainer.devices=2", "trainer.accelerator=cpu"]
-    result = run_train(overrides, tmp_path / "two", tmp_path_factory.getbasetemp() / "cache")
-    assert result.returncode == 0, result.stderr[-3000:]
+    run_to_completion(overrides, tmp_path / "two", tmp_path_factory.getbasetemp() / "cache")
     assert losses(tmp_path / "two") == pytest.approx(losses(one_process), abs=atol)
     rates = [row for row in load_run(tmp_path / "two").rows if "train/lr/muon" in row]
     assert rates and all(row["train/lr/muon"] == row["train/lr/adamw"] == row["train/lr"] for row in rates)

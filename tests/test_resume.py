@@ -7,7 +7,7 @@ import sys
 import pytest
 import torch
 
-from tests.run_helpers import train_losses, OBSERVED, REPO, TINY, checkpoint_weights, run_train
+from tests.run_helpers import OBSERVED, REPO, TINY, checkpoint_weights, run_to_completion, train_losses
 
 STEPS = 9
 
@@ -20,15 +20,13 @@ def cache(tmp_path_factory):
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory, cache):
     run_dir = tmp_path_factory.mktemp("uninterrupted")
-    result = run_train(TINY + OBSERVED + [f"trainer.max_steps={STEPS}"], run_dir, cache)
-    assert result.returncode == 0, result.stderr[-3000:]
+    run_to_completion(TINY + OBSERVED + [f"trainer.max_steps={STEPS}"], run_dir, cache)
     return run_dir
 
 
 def resume(checkpoint, run_dir, cache):
     overrides = TINY + OBSERVED + [f"trainer.max_steps={STEPS}", f"ckpt_path={checkpoint}"]
-    result = run_train(overrides, run_dir, cache)
-    assert result.returncode == 0, result.stderr[-3000:]
+    run_to_completion(overrides, run_dir, cache)
 
 
 def assert_same_run(resumed_dir, reference_dir, first_resumed_step: int):
@@ -41,8 +39,7 @@ def assert_same_run(resumed_dir, reference_dir, first_resumed_step: int):
 
 
 def test_stop_at_max_steps_then_resume(uninterrupted, tmp_path, cache):
-    first = run_train(TINY + OBSERVED + ["trainer.max_steps=4"], tmp_path / "first", cache)
-    assert first.returncode == 0, first.stderr[-3000:]
+    run_to_completion(TINY + OBSERVED + ["trainer.max_steps=4"], tmp_path / "first", cache)
     resume(tmp_path / "first/checkpoints/last.ckpt", tmp_path / "resumed", cache)
     assert_same_run(tmp_path / "resumed", uninterrupted, first_resumed_step=5)
 

@@ -15,6 +15,7 @@ from tests.run_helpers import (
     checkpoint_weights,
     compose_config,
     fit_in_process,
+    run_to_completion,
     run_train,
 )
 
@@ -142,10 +143,8 @@ def test_resume_mid_warmup_gives_identical_weights(tmp_path):
     cache = tmp_path / "cache"
     warmup = warmup_overrides(min_difficulty=8, max_difficulty=32, total_curriculum_step=6, mode="reshape")
     base = TINY + OBSERVED + warmup
-    full = run_train(base + ["trainer.max_steps=8"], tmp_path / "full", cache)
-    assert full.returncode == 0, full.stderr[-3000:]
-    first = run_train(base + ["trainer.max_steps=3"], tmp_path / "first", cache)
-    assert first.returncode == 0, first.stderr[-3000:]
+    run_to_completion(base + ["trainer.max_steps=8"], tmp_path / "full", cache)
+    run_to_completion(base + ["trainer.max_steps=3"], tmp_path / "first", cache)
     resumed = run_train(
         base + ["trainer.max_steps=8", f"ckpt_path={tmp_path / 'first/checkpoints/last.ckpt'}"],
         tmp_path / "resumed",
