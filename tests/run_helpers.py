@@ -138,20 +138,30 @@ def fit_in_process(cfg, callbacks: list | None = None, loggers: list | None = No
     return module, trainer
 
 
-def train_in_process(arguments: list[str], run_dir: Path, cache: Path) -> tuple[int, str]:
-    """Exit code and stderr of `python train.py ARGUMENTS` (0 when it returns normally)."""
-    train = str(REPO / "train.py")
-    argv = [train, f"hydra.run.dir={run_dir}", f"paths.cache_dir={cache}", *arguments]
-    errors, saved = io.StringIO(), sys.argv
-    sys.argv = argv
+def run_script(script: Path, arguments: list[str]) -> subprocess.CompletedProcess:
+    """`python SCRIPT ARGUMENTS` run in this process: its exit code, stdout and stderr as a
+    subprocess would give them, without the seconds a new process spends importing torch and
+    Lightning. For checks of what a script does, not of its process (signals, several ranks)."""
+    out, errors, saved = io.StringIO(), io.StringIO(), sys.argv
+    sys.argv, code = [str(script), *arguments], 0
     try:
-        with contextlib.redirect_stderr(errors):
-            runpy.run_path(train, run_name="__main__")
+        with contextlib.chdir(REPO), contextlib.redirect_stdout(out), contextlib.redirect_stderr(errors):
+            runpy.run_path(str(script), run_name="__main__")
     except SystemExit as exit_:
-        return int(exit_.code or 0), errors.getvalue()
+        if isinstance(exit_.code, str):  # sys.exit("message") prints it and exits 1
+            errors.write(exit_.code + "\n")
+        code = exit_.code if isinstance(exit_.code, int) else int(exit_.code is not None)
     finally:
         sys.argv = saved
-    return 0, errors.getvalue()
+    return subprocess.CompletedProcess(
+        [sys.executable, str(script), *arguments], code, out.getvalue(), errors.getvalue()
+    )
+
+
+def train_in_process(arguments: list[str], run_dir: Path, cache: Path) -> tuple[int, str]:
+    """Exit code and stderr of `python train.py ARGUMENTS` (0 when it returns normally)."""
+    result = run_script(REPO / "train.py", [f"hydra.run.dir={run_dir}", f"paths.cache_dir={cache}", *arguments])
+    return result.returncode, result.stderr
 
 
 def run_to_completion(arguments: list[str], run_dir: Path, cache: Path) -> None:
@@ -176,8 +186,7 @@ def export_matches_checkpoint(checkpoint: Path, export_dir: Path) -> tuple[Llama
     from lightning_modules.hf_interop import load_lightning_checkpoint
     from lightning_modules.llama import Llama
 
-    export = [sys.executable, str(REPO / "scripts" / "export_hf.py"), str(checkpoint), str(export_dir)]
-    result = subprocess.run(export, capture_output=True, text=True)
+    result = run_script(REPO / "scripts" / "export_hf.py", [str(checkpoint), str(export_dir)])
     assert result.returncode == 0, result.stderr[-2000:]
     config, state_dict = load_lightning_checkpoint(checkpoint)
     trained = Llama(config).eval()

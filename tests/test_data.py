@@ -35,6 +35,7 @@ from data.split import ValidationSplit
 from data.token_cache import build_token_cache, open_token_cache
 from data.tokenizers import ByteTokenizer, build_tokenizer
 from common.errors import DataError
+from tests.run_helpers import run_script
 
 EOS = 256
 WORDS = "the quick brown fox jumps over a lazy dog while seven wizards hum; café naïve über 東京 ✓".split()
@@ -577,8 +578,8 @@ def test_prepare_data_script_builds_the_cache_a_run_then_reuses(tmp_path):
         f"data.source.paths=[{tmp_path / 'a.txt'}]",
         f"paths.cache_dir={tmp_path / 'cache'}",
     ]
-    script = [sys.executable, str(REPO / "scripts" / "prepare_data.py")]
-    built = subprocess.run([*script, *data_args], capture_output=True, text=True, cwd=REPO)
+    script = REPO / "scripts" / "prepare_data.py"
+    built = run_script(script, data_args)
     assert built.returncode == 0, built.stderr[-2000:]
     (cache,) = (tmp_path / "cache").glob("*/meta.json")
     module = TextDataModule(
@@ -593,7 +594,7 @@ def test_prepare_data_script_builds_the_cache_a_run_then_reuses(tmp_path):
         cache_dir=str(tmp_path / "cache"),
     )
     assert module.fingerprint == cache.parent.name and module.fingerprint in built.stdout
-    wrong = subprocess.run([*script, "data.source.kindd=files"], capture_output=True, text=True, cwd=REPO)
+    wrong = run_script(script, ["data.source.kindd=files"])
     assert (wrong.returncode, wrong.stderr.strip()) == (
         2,
         "error: data.source.kindd is not a setting; did you mean "

@@ -5,11 +5,9 @@ cache's held-out text, and scripts/evaluate.py end to end on a trained checkpoin
 from __future__ import annotations
 
 import json
-import os
 import random
 import string
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -29,7 +27,7 @@ from evaluation.harness import evaluate
 from evaluation.lm_adapter import LlamaLM
 from lightning_modules.hf_interop import save_hf_pretrained
 from lightning_modules.llama import Llama, LlamaSettings
-from tests.run_helpers import REPO, TINY, run_to_completion
+from tests.run_helpers import REPO, TINY, run_script, run_to_completion
 
 EOS, MAX_LENGTH = 256, 48
 PAIRS = [
@@ -253,8 +251,6 @@ def test_corpus_cloze_needs_four_held_out_documents(tmp_path):
 
 # -- scripts/evaluate.py -----------------------------------------------------------------
 
-OFFLINE = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
-
 
 @pytest.fixture(scope="module")
 def trained_checkpoint(tmp_path_factory) -> Path:
@@ -266,8 +262,7 @@ def trained_checkpoint(tmp_path_factory) -> Path:
 
 
 def evaluate_script(*args: str) -> subprocess.CompletedProcess:
-    command = [sys.executable, str(REPO / "scripts/evaluate.py"), *args]
-    return subprocess.run(command, capture_output=True, text=True, env={**os.environ, **OFFLINE}, timeout=300)
+    return run_script(REPO / "scripts" / "evaluate.py", list(args))
 
 
 def test_evaluate_script_on_a_trained_checkpoint(trained_checkpoint, tmp_path):

@@ -12,8 +12,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import random
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -25,7 +23,7 @@ from data.tokenizer_export import save_hf_tokenizer
 from data.tokenizers import ByteTokenizer
 from lightning_modules.hf_interop import save_hf_pretrained
 from lightning_modules.llama import Llama, LlamaSettings
-from tests.run_helpers import REPO
+from tests.run_helpers import REPO, run_script
 
 transformers = pytest.importorskip("transformers")
 
@@ -131,8 +129,7 @@ def lightning_checkpoint(model: Llama, cache_dir: Path) -> dict:
 def test_exported_model_generates_text_and_stops_at_the_end_of_document(tmp_path):
     model = trained_to_end_its_document()
     torch.save(lightning_checkpoint(model, tmp_path / "cache"), tmp_path / "last.ckpt")
-    export = [sys.executable, str(REPO / "scripts/export_hf.py"), str(tmp_path / "last.ckpt"), str(tmp_path / "hf")]
-    result = subprocess.run(export, capture_output=True, text=True)
+    result = run_script(REPO / "scripts" / "export_hf.py", [str(tmp_path / "last.ckpt"), str(tmp_path / "hf")])
     assert result.returncode == 0, result.stderr[-3000:]
     assert json.loads((tmp_path / "hf" / "config.json").read_text())["eos_token_id"] == EOS
 

@@ -6,8 +6,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -24,6 +22,7 @@ from lightning_modules.hf_interop import (
     to_hf_state_dict,
 )
 from lightning_modules.llama import Llama, LlamaSettings
+from tests.run_helpers import run_script
 
 os.environ["HF_HUB_OFFLINE"] = "1"
 transformers = pytest.importorskip("transformers")
@@ -174,8 +173,7 @@ def test_export_script_writes_a_folder_transformers_loads(tmp_path: Path) -> Non
     ours = random_model(tie=True)
     torch.save(lightning_checkpoint(ours), tmp_path / "last.ckpt")
     script = REPO_ROOT / "scripts" / "export_hf.py"
-    command = [sys.executable, str(script), str(tmp_path / "last.ckpt"), str(tmp_path / "hf")]
-    result = subprocess.run(command, capture_output=True, text=True, check=False)
+    result = run_script(script, [str(tmp_path / "last.ckpt"), str(tmp_path / "hf")])
     assert result.returncode == 0, result.stderr
     assert json.loads((tmp_path / "hf" / "config.json").read_text())["tie_word_embeddings"] is True
     hf = transformers.LlamaForCausalLM.from_pretrained(tmp_path / "hf", attn_implementation="eager")

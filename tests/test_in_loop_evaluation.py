@@ -7,13 +7,10 @@ rebuilt from scratch) and must give the same numbers.
 
 import csv
 import json
-import os
-import subprocess
-import sys
 
 import pytest
 
-from tests.run_helpers import REPO, TINY, run_train
+from tests.run_helpers import REPO, TINY, run_script
 
 EVALUATED = TINY + [
     "trainer.max_steps=4",
@@ -31,7 +28,8 @@ EVALUATED = TINY + [
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("run")
-    result = run_train(EVALUATED, run_dir, tmp_path_factory.mktemp("cache"))
+    cache = tmp_path_factory.mktemp("cache")
+    result = run_script(REPO / "train.py", [f"hydra.run.dir={run_dir}", f"paths.cache_dir={cache}", *EVALUATED])
     assert result.returncode == 0, result.stderr[-3000:]
     return run_dir, result.stdout + result.stderr
 
@@ -47,9 +45,7 @@ def test_evaluation_is_logged_against_tokens_and_equals_the_checkpoints(run, tmp
     assert list(accuracy) == [1024]  # due at 1,000 tokens, reached at the end of step 4: once, not twice
     assert set(logged(run_dir, "eval/corpus_cloze/acc_norm")) == {1024}
     out = tmp_path / "results.json"
-    command = [
-        sys.executable,
-        str(REPO / "scripts/evaluate.py"),
+    arguments = [
         str(run_dir / "checkpoints" / "last.ckpt"),
         "--tasks",
         "corpus_cloze",
@@ -58,7 +54,7 @@ def test_evaluation_is_logged_against_tokens_and_equals_the_checkpoints(run, tmp
         "--out",
         str(out),
     ]
-    result = subprocess.run(command, capture_output=True, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    result = run_script(REPO / "scripts" / "evaluate.py", arguments)
     assert result.returncode == 0, result.stderr[-3000:]
     results = json.loads(out.read_text())["results"]["corpus_cloze"]
     assert accuracy[1024] == pytest.approx(results["acc,none"], abs=1e-12)
@@ -73,11 +69,7 @@ def test_samples_are_printed_with_their_prompt(run):
 
 def test_the_report_plots_and_tabulates_evaluation_metrics(run, tmp_path):
     run_dir, _ = run
-    result = subprocess.run(
-        [sys.executable, str(REPO / "scripts/report.py"), str(run_dir), "--out", str(tmp_path)],
-        capture_output=True,
-        text=True,
-    )
+    result = run_script(REPO / "scripts" / "report.py", [str(run_dir), "--out", str(tmp_path)])
     assert result.returncode == 0, result.stderr[-3000:]
     assert (tmp_path / "eval_corpus_cloze_acc.png").is_file()
     assert "eval/corpus_cloze/acc" in (tmp_path / "report.md").read_text()

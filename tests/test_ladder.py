@@ -20,7 +20,7 @@ from study.preset import StudySpec
 from study.trend import TrendPoint, judge_trend, slope
 from common.errors import ConfigError
 from lightning_modules.llama import LlamaSettings, count_parameters
-from tests.run_helpers import REPO, TINY, compose_config, run_train
+from tests.run_helpers import REPO, TINY, compose_config, run_script, run_train
 
 SIZES = ["ladder_0_1m", "ladder_0_3m", "ladder_0_65m", "ladder_1_2m", "ladder_2_1m"]
 
@@ -167,9 +167,7 @@ def write_run(
 
 
 def ladder(cli: list[str]) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, str(REPO / "scripts" / "ladder.py"), *cli], capture_output=True, text=True, cwd=REPO
-    )
+    return run_script(REPO / "scripts" / "ladder.py", cli)
 
 
 def test_the_prediction_command_never_reads_the_predicted_size(tmp_path: Path) -> None:

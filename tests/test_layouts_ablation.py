@@ -3,7 +3,6 @@ and its refusals (``benchmarks/layout_space.py``, ``benchmarks/layout_claims.py`
 ``scripts/layouts_ablation.py``)."""
 
 import subprocess
-import sys
 
 import pytest
 
@@ -14,7 +13,7 @@ from benchmarks.layout_claims import (
     sequence_parallelism_changes_what_fits,
 )
 from benchmarks.layout_space import Layout, Planned, enumerate_layouts, splits
-from tests.run_helpers import REPO
+from tests.run_helpers import REPO, run_script
 
 TINY_CPU = ["model=tiny", "trainer.accelerator=cpu", "data.seq_len=64", "data.source.max_documents=200"]
 
@@ -94,8 +93,7 @@ def test_the_bubble_claim_compares_a_pipeline_s_rate_with_data_parallelism_s_at_
 
 
 def ablation(*args: str) -> subprocess.CompletedProcess:
-    command = [sys.executable, str(REPO / "scripts" / "layouts_ablation.py"), *args]
-    return subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300)
+    return run_script(REPO / "scripts" / "layouts_ablation.py", list(args))
 
 
 def test_a_space_no_layout_of_fits_is_refused_in_one_line_with_the_smallest_need():

@@ -2,8 +2,6 @@
 
 import csv
 import statistics
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -14,7 +12,7 @@ from analysis.report import PLOTS, band, build_report, pareto_front, study_repor
 from analysis.runs import FINISHED, find_runs, load_run
 from study.preset import StudySpec
 from common.errors import ConfigError
-from tests.run_helpers import REPO, TINY, run_train
+from tests.run_helpers import REPO, TINY, run_script
 
 SWEEP = [
     *TINY,
@@ -45,24 +43,16 @@ def table_rows(markdown: str) -> dict[str, list[str]]:
 def sweep(tmp_path_factory) -> Path:
     """Two jobs of `python train.py -m`, differing only in the seed."""
     tmp = tmp_path_factory.mktemp("sweep")
-    # hydra.mode=MULTIRUN is `-m` as an override: run_train puts its own overrides first.
-    result = run_train(
-        ["hydra.mode=MULTIRUN", f"hydra.sweep.dir={tmp / 'sweep'}", *SWEEP, "seed=1,2"],
-        tmp / "unused",
-        tmp_path_factory.getbasetemp() / "cache",
-    )
+    cache = tmp_path_factory.getbasetemp() / "cache"
+    arguments = ["-m", f"hydra.sweep.dir={tmp / 'sweep'}", f"paths.cache_dir={cache}", *SWEEP, "seed=1,2"]
+    result = run_script(REPO / "train.py", arguments)
     assert result.returncode == 0, result.stderr[-3000:]
     return tmp / "sweep"
 
 
 def test_report_on_a_sweep_groups_the_seeds_and_plots_every_metric(sweep: Path, tmp_path: Path) -> None:
     out = tmp_path / "report"
-    result = subprocess.run(
-        [sys.executable, str(REPO / "scripts" / "report.py"), str(sweep), "--out", str(out)],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-    )
+    result = run_script(REPO / "scripts" / "report.py", [str(sweep), "--out", str(out)])
     assert result.returncode == 0, result.stderr
     for plot in PLOTS:
         assert (out / plot.file).read_bytes().startswith(b"\x89PNG"), plot.file

@@ -2,8 +2,6 @@
 
 import itertools
 import re
-import subprocess
-import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -25,7 +23,7 @@ from analysis.scaling_laws import (
     relative_differences,
     results_of,
 )
-from tests.run_helpers import REPO
+from tests.run_helpers import REPO, run_script
 
 SIZES = np.array(list(PAPER_TABLE4))  # the paper's ladder
 A, ALPHA, BETA = PAPER_FITS["L(N, M)"]
@@ -220,17 +218,8 @@ def test_fits_over_runs_on_disk(fake_sweep: Path) -> None:
 
 def test_cli_prints_fits_predicts_and_writes_a_png(fake_sweep: Path, tmp_path: Path) -> None:
     png = tmp_path / "fit.png"
-    command = [
-        sys.executable,
-        str(REPO / "scripts" / "fit_scaling_laws.py"),
-        str(fake_sweep),
-        "--predict",
-        "1e6",
-        "--offset",
-        "--out",
-        str(png),
-    ]
-    result = subprocess.run(command, capture_output=True, text=True, cwd=REPO)
+    arguments = [str(fake_sweep), "--predict", "1e6", "--offset", "--out", str(png)]
+    result = run_script(REPO / "scripts" / "fit_scaling_laws.py", arguments)
     assert result.returncode == 0, result.stderr
     assert png.read_bytes().startswith(b"\x89PNG")
     assert "no val/loss" in result.stderr
@@ -244,17 +233,8 @@ def test_cli_prints_fits_predicts_and_writes_a_png(fake_sweep: Path, tmp_path: P
 
 def test_cli_paper_table_compares_fits_and_extrapolations(tmp_path: Path) -> None:
     png = tmp_path / "paper.png"
-    command = [
-        sys.executable,
-        str(REPO / "scripts" / "fit_scaling_laws.py"),
-        "--table",
-        "paper",
-        "--predict",
-        "4e9",
-        "--out",
-        str(png),
-    ]
-    result = subprocess.run(command, capture_output=True, text=True, cwd=REPO)
+    arguments = ["--table", "paper", "--predict", "4e9", "--out", str(png)]
+    result = run_script(REPO / "scripts" / "fit_scaling_laws.py", arguments)
     assert result.returncode == 0, result.stderr
     assert png.read_bytes().startswith(b"\x89PNG")
     assert "| M=8 | 1,300,000,000 | 2.4930 |" in result.stdout and "| M=8 | 2,400,000,000 | 2.3510 |" in result.stdout
@@ -273,6 +253,5 @@ def test_cli_paper_table_compares_fits_and_extrapolations(tmp_path: Path) -> Non
 
 
 def test_cli_takes_runs_or_the_paper_table_not_both(fake_sweep: Path) -> None:
-    command = [sys.executable, str(REPO / "scripts" / "fit_scaling_laws.py"), str(fake_sweep), "--table", "paper"]
-    result = subprocess.run(command, capture_output=True, text=True, cwd=REPO)
+    result = run_script(REPO / "scripts" / "fit_scaling_laws.py", [str(fake_sweep), "--table", "paper"])
     assert result.returncode == 2 and "not both" in result.stderr
