@@ -307,7 +307,8 @@ def plot_gap(found, path: Path, untuned: set[tuple[str, str]] = frozenset()) -> 
         ylabel="loss - data parallelism's (nats/token)",
         title="DiLoCo's excess loss over data parallelism, per size and seed",
     )
-    axis.legend(fontsize="small")
+    if axis.get_legend_handles_labels()[0]:  # no DiLoCo run yet shares a size and seed with data parallelism
+        axis.legend(fontsize="small")
     figure.savefig(path, dpi=120, bbox_inches="tight")
     plt.close(figure)
 
