@@ -192,6 +192,15 @@ def setting_laws_of(runs: list, spec: StudySpec, found: list) -> dict[str, list[
     return laws
 
 
+def save(figure, axis, path: Path) -> None:
+    """Write and close a figure; a legend only where something is drawn (a study still
+    searching has no judged run to plot)."""
+    if axis.get_legend_handles_labels()[0]:
+        axis.legend(fontsize="small")
+    figure.savefig(path, dpi=120, bbox_inches="tight")
+    plt.close(figure)
+
+
 def plot_settings(laws: dict[str, list[SettingLaw]], held_out, out: Path) -> list[Path]:
     """One figure per searched setting: each method's winners against N (o), its law (dashed;
     a list setting has none) and the value the held-out size ran with (x)."""
@@ -226,10 +235,8 @@ def plot_settings(laws: dict[str, list[SettingLaw]], held_out, out: Path) -> lis
             ylabel=key,
             title=f"best {key.split('.')[-1]} against N: winners (o), law (dashed), held-out size (x)",
         )
-        axis.legend(fontsize="small")
         path = out / f"ladder_{key.split('.')[-1]}.png"
-        figure.savefig(path, dpi=120, bbox_inches="tight")
-        plt.close(figure)
+        save(figure, axis, path)
         paths.append(path)
     return paths
 
@@ -266,9 +273,7 @@ def plot_loss(found, predictions: list[Prediction], path: Path) -> None:
         ylabel="final val/loss (nats/token)",
         title="loss against model size: fits on the smaller sizes (dashed), held-out prediction (x)",
     )
-    axis.legend(fontsize="small")
-    figure.savefig(path, dpi=120, bbox_inches="tight")
-    plt.close(figure)
+    save(figure, axis, path)
 
 
 def not_tuned(tunings: dict) -> set[tuple[str, str]]:
@@ -307,10 +312,7 @@ def plot_gap(found, path: Path, untuned: set[tuple[str, str]] = frozenset()) -> 
         ylabel="loss - data parallelism's (nats/token)",
         title="DiLoCo's excess loss over data parallelism, per size and seed",
     )
-    if axis.get_legend_handles_labels()[0]:  # no DiLoCo run yet shares a size and seed with data parallelism
-        axis.legend(fontsize="small")
-    figure.savefig(path, dpi=120, bbox_inches="tight")
-    plt.close(figure)
+    save(figure, axis, path)
 
 
 def main(argv: list[str] | None = None) -> int:
