@@ -13,9 +13,11 @@ picks by its true loss:
 - ``lr x batch``: the best LR grows linearly with the batch (the linear scaling rule) and the
   loss prefers small batches at a fixed token budget: a diagonal valley.
 
-The DiLoCo surfaces use a DiLoCo arm's search of a study preset (by default the ``m2`` arm of
-``conf/sweep/diloco_tuned.yaml``: its space, budget, round size, finalists and anchors); the
-LR x batch surface a two-setting space of its own with ``LR_BATCH_BUDGET`` points.
+The DiLoCo surfaces use an arm's search of a study preset (by default the ``m2`` arm of
+``conf/sweep/diloco_tuned.yaml``: its space, budget, round size, finalists and anchors); a
+setting the arm does not search is read at the surface's optimum (data parallelism's arm sees
+each surface along the inner LR). The LR x batch surface has a two-setting space of its own
+with ``LR_BATCH_BUDGET`` points.
 """
 
 import math
@@ -73,11 +75,20 @@ def diloco_search(preset: str = PRESET_NAME, arm: str = "m2") -> Search:
 
 #: The outer optimizer of a search that does not search it (the ladder fixes it there).
 NO_MOMENTUM = "momentum=0,nesterov=false"
+#: H at both surfaces' optimum. A search without a setting (data parallelism searches the
+#: inner LR alone) sees each surface along the inner LR at the other settings' optimum.
+BEST_H = 30
 
 
-def _outer(labels: dict[str, str]) -> tuple[float, float, bool]:
+def _outer(labels: dict[str, str], best_outer_lr: float) -> tuple[float, float, bool]:
     optimizer = dict(part.split("=") for part in labels.get("technique.diloco.outer_optimizer", NO_MOMENTUM).split(","))
-    return float(labels["technique.diloco.outer_lr"]), float(optimizer["momentum"]), optimizer["nesterov"] == "true"
+    outer_lr = float(labels.get("technique.diloco.outer_lr", best_outer_lr))
+    return outer_lr, float(optimizer["momentum"]), optimizer["nesterov"] == "true"
+
+
+def _inner(labels: dict[str, str]) -> tuple[float, float]:
+    """The inner LR and H; a search without H (data parallelism's) sees the surface at H's optimum."""
+    return float(labels["optimizer.lr"]), float(labels.get("technique.diloco.sync_every", BEST_H))
 
 
 @dataclass(frozen=True)
@@ -104,15 +115,15 @@ def bowl(curvature: Curvature) -> Callable[[dict[str, str]], float]:
     """Separable: inner LR 4e-3, outer LR 0.35, H 30, each optimizer its own offset."""
 
     def loss(labels: dict[str, str]) -> float:
-        lr, h = float(labels["optimizer.lr"]), float(labels["technique.diloco.sync_every"])
-        outer_lr, momentum, nesterov = _outer(labels)
+        lr, h = _inner(labels)
+        outer_lr, momentum, nesterov = _outer(labels, best_outer_lr=0.35)
         optimizer = curvature.optimizers[OPTIMIZERS.index((momentum, nesterov))]
         return (
             1.5
             + curvature.lr * math.log2(lr / 4e-3) ** 2
             + curvature.outer_lr * math.log2(outer_lr / 0.35) ** 2
             + optimizer
-            + curvature.h * math.log(h / 30, 3) ** 2
+            + curvature.h * math.log(h / BEST_H, 3) ** 2
         )
 
     return loss
@@ -124,14 +135,14 @@ def outer_ridge(curvature: Curvature) -> Callable[[dict[str, str]], float]:
     at outer LR 0.14 lies on the ridge 0.027 higher."""
 
     def loss(labels: dict[str, str]) -> float:
-        lr, h = float(labels["optimizer.lr"]), float(labels["technique.diloco.sync_every"])
-        outer_lr, momentum, _ = _outer(labels)
+        lr, h = _inner(labels)
+        outer_lr, momentum, _ = _outer(labels, best_outer_lr=1.41)
         step = outer_lr / (1 - momentum)
         return (
             1.5
             + curvature.lr * math.log2(lr / 1e-3) ** 2
             + 2.5 * curvature.outer_lr * math.log2(step / 1.41) ** 2
-            + curvature.h * math.log(h / 30, 3) ** 2
+            + curvature.h * math.log(h / BEST_H, 3) ** 2
             + 0.03 * momentum
         )
 

@@ -1,5 +1,5 @@
-"""The searcher benchmark's surfaces on another study's search: the tuned ladder's arm, whose
-space has no outer-optimizer dimension (the surfaces then read no momentum)."""
+"""The searcher benchmark's surfaces on another study's search: the tuned ladder's arms, whose
+spaces leave settings out (no outer-optimizer dimension; data parallelism's has the inner LR alone)."""
 
 import itertools
 import math
@@ -37,3 +37,22 @@ def test_the_ladder_preset_gives_its_arm_s_space_budget_and_anchor() -> None:
         )
 
     assert bowl.optimum() == min(formula(*values) for values in itertools.product(*grids))
+
+
+def test_data_parallelism_s_arm_sees_the_surfaces_along_the_inner_lr_at_half_steps() -> None:
+    """Data parallelism searches the inner LR alone, at steps of sqrt 2 from 2.5e-4 to 3.2e-2
+    (15 values); the surfaces read its other settings at their optimum, so the bowl's optimum
+    is its inner LR's (4e-3) and the outer ridge's is 1e-3, each at the surface's floor."""
+    by_name = {s.name: s for s in surfaces("gp", 0, "scaling_ladder_tuned", "dp")}
+    search = by_name["bowl (measured)"].search
+    (lr,) = search.space.dimensions
+    values = [lr.value(i) for i in lr.span]
+    assert len(values) == 15 and math.isclose(values[0], 2.5e-4) and math.isclose(values[-1], 3.2e-2)
+    assert all(math.isclose(b / a, math.sqrt(2), rel_tol=1e-5) for a, b in itertools.pairwise(values))
+    assert search.budget == 8 and search.anchors == ()
+    for name, best_lr in (("bowl (measured)", 4e-3), ("outer ridge (measured)", 1e-3)):
+        surface = by_name[name]
+        best = surface.optimum_point()
+        assert math.isclose(float(surface.search.space.labels(best)["optimizer.lr"]), best_lr, rel_tol=1e-5)
+        offset = MEASURED.optimizers[0] if name.startswith("bowl") else 0.0  # the bowl's no-momentum offset
+        assert math.isclose(surface.optimum(), 1.5 + offset, abs_tol=1e-9)
