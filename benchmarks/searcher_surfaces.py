@@ -114,14 +114,16 @@ OPTIMIZERS = ((0.0, False), (0.9, True), (0.9, False), (0.5, True))
 def bowl(curvature: Curvature) -> Callable[[dict[str, str]], float]:
     """Separable: inner LR 4e-3, outer LR 0.35, H 30, each optimizer its own offset."""
 
+    best_outer_lr = 0.35
+
     def loss(labels: dict[str, str]) -> float:
         lr, h = _inner(labels)
-        outer_lr, momentum, nesterov = _outer(labels, best_outer_lr=0.35)
+        outer_lr, momentum, nesterov = _outer(labels, best_outer_lr)
         optimizer = curvature.optimizers[OPTIMIZERS.index((momentum, nesterov))]
         return (
             1.5
             + curvature.lr * math.log2(lr / 4e-3) ** 2
-            + curvature.outer_lr * math.log2(outer_lr / 0.35) ** 2
+            + curvature.outer_lr * math.log2(outer_lr / best_outer_lr) ** 2
             + optimizer
             + curvature.h * math.log(h / BEST_H, 3) ** 2
         )
@@ -134,14 +136,16 @@ def outer_ridge(curvature: Curvature) -> Callable[[dict[str, str]], float]:
     so the best point is momentum 0 at outer LR 1.41 (inner LR 1e-3, H 30), while Nesterov 0.9
     at outer LR 0.14 lies on the ridge 0.027 higher."""
 
+    best_step = 1.41  # at momentum 0, the outer LR
+
     def loss(labels: dict[str, str]) -> float:
         lr, h = _inner(labels)
-        outer_lr, momentum, _ = _outer(labels, best_outer_lr=1.41)
+        outer_lr, momentum, _ = _outer(labels, best_step)
         step = outer_lr / (1 - momentum)
         return (
             1.5
             + curvature.lr * math.log2(lr / 1e-3) ** 2
-            + 2.5 * curvature.outer_lr * math.log2(step / 1.41) ** 2
+            + 2.5 * curvature.outer_lr * math.log2(step / best_step) ** 2
             + curvature.h * math.log(h / BEST_H, 3) ** 2
             + 0.03 * momentum
         )
