@@ -492,11 +492,14 @@ def write_report(report: StudyReport, out: Path) -> list[str]:
     """Write the plots and ``report.md`` to ``out``; returns what was skipped and why."""
     out.mkdir(parents=True, exist_ok=True)
     written, skipped = [], []
+    # Curves are drawn for judged groups only: a study still searching has none yet, and
+    # saying that its runs "logged nothing" would send the reader looking for a logging bug.
+    missing = "no judging run has finished yet" if report.tunings and not report.judged_groups else "no run logged it"
     for plot in (*PLOTS, *evaluation_plots(report.runs)):
         if plot_groups(report.judged_groups, plot, out / plot.file):
             written.append(plot)
         else:
-            skipped.append(f"{plot.key} against {X_LABELS[plot.x]}: no run logged it, so {plot.file} was not written")
+            skipped.append(f"{plot.key} against {X_LABELS[plot.x]}: {missing}, so {plot.file} was not written")
     labels = run_labels(report.runs)
     images = "\n\n".join(f"![{plot.label} against {X_LABELS[plot.x]}]({plot.file})" for plot in written)
     if plot_front(report, out / FRONT_FILE):

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from analysis.report import study_report
+from analysis.report import study_report, write_report
 from analysis.runs import load_run
 from tests.run_helpers import REPO, TINY, run_sweep, run_train
 
@@ -99,6 +99,23 @@ def test_the_same_command_resumes_a_study_stopped_mid_search(study, tmp_path: Pa
     assert "skipped job 0" in output and "skipped job 1" in output and "resuming job 2 from" in output
     assert output.count("finished at step") == 5  # job 2's rest and the four judging jobs
     assert [val_loss(folder / str(job)) for job in range(7)] == [val_loss(original / str(job)) for job in range(7)]
+
+
+def test_a_report_mid_search_says_the_curves_wait_for_judging_runs(study, tmp_path: Path) -> None:
+    """Mid-search every finished run is a tuning run: the curve plots are skipped because no
+    judging run has finished, not because the runs logged no loss (they did)."""
+    original, _ = study
+    folder = tmp_path / "sweep"
+    shutil.copytree(original, folder)
+    for job in range(3, 7):
+        shutil.rmtree(folder / str(job))
+    report = study_report([folder])
+    assert report.tunings and not report.judged_groups and report.runs[0].series("val/loss")[1]
+    skipped = write_report(report, tmp_path / "report")
+    assert "val/loss against tokens seen: no judging run has finished yet, so val_loss.png was not written" in skipped
+    assert (
+        not any("no run logged it" in line for line in skipped) and not (tmp_path / "report" / "val_loss.png").exists()
+    )
 
 
 def test_a_searched_key_that_does_not_exist_is_one_line_before_any_job(tmp_path: Path) -> None:
