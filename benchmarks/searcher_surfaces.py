@@ -11,7 +11,10 @@ picks by its true loss:
   study), while a search started at Nesterov 0.9 finds a ridge point first;
   both at the curvature measured in the DiLoCo study and at a flatter one (``Curvature``);
 - ``lr x batch``: the best LR grows linearly with the batch (the linear scaling rule) and the
-  loss prefers small batches at a fixed token budget: a diagonal valley.
+  loss prefers small batches at a fixed token budget: a diagonal valley;
+- ``plateau``: where DiLoCo without outer momentum reduces to AdamW (H = 1; one replica at
+  outer LR 1), a plateau along inner LR x outer LR just above a narrow valley of DiLoCo
+  proper, as the tuned ladder measured; only for searches that fix the outer optimizer.
 
 The DiLoCo surfaces use an arm's search of a study preset (by default the ``m2`` arm of
 ``conf/sweep/diloco_tuned.yaml``: its space, budget, round size, finalists and anchors); a
@@ -80,8 +83,12 @@ NO_MOMENTUM = "momentum=0,nesterov=false"
 BEST_H = 30
 
 
+#: The outer optimizer's setting, where a search has it as a dimension.
+OUTER_OPTIMIZER = "technique.diloco.outer_optimizer"
+
+
 def _outer(labels: dict[str, str], best_outer_lr: float) -> tuple[float, float, bool]:
-    optimizer = dict(part.split("=") for part in labels.get("technique.diloco.outer_optimizer", NO_MOMENTUM).split(","))
+    optimizer = dict(part.split("=") for part in labels.get(OUTER_OPTIMIZER, NO_MOMENTUM).split(","))
     outer_lr = float(labels.get("technique.diloco.outer_lr", best_outer_lr))
     return outer_lr, float(optimizer["momentum"]), optimizer["nesterov"] == "true"
 
@@ -153,6 +160,39 @@ def outer_ridge(curvature: Curvature) -> Callable[[dict[str, str]], float]:
     return loss
 
 
+#: Where the plateau surface's DiLoCo-specific valley lies (the nano rerun's M = 1 winner) and
+#: how far below the plateau it sits (the tuned ladder at 0.1M: that winner's mean over two
+#: seeds, 2.1820, against data parallelism's tuned 2.1979).
+VALLEY = {"lr": 4e-3, "outer_lr": 0.707107, "h": 10}
+VALLEY_DEPTH = 0.016
+#: The plateau's best AdamW LR (data parallelism's tuned LR at 0.1M and 0.3M, 5.66e-3).
+PLATEAU_LR = 4e-3 * math.sqrt(2)
+
+
+def plateau(one_replica: bool, curvature: Curvature = MEASURED) -> Callable[[dict[str, str]], float]:
+    """DiLoCo without outer momentum is AdamW at LR inner LR x outer LR wherever it syncs every
+    step (H = 1, any M) or, with one replica, steps by the whole pseudo-gradient (outer LR 1),
+    as the tuned ladder measured (identical losses to the fourth decimal). Those points form a
+    plateau along the LR product, ``VALLEY_DEPTH`` above a valley of DiLoCo proper at the nano
+    winner; elsewhere the loss grows with the bowl's curvature. A point without H is data
+    parallelism: on the plateau."""
+
+    def loss(labels: dict[str, str]) -> float:
+        lr = float(labels["optimizer.lr"])
+        h = float(labels.get("technique.diloco.sync_every", 1))
+        outer_lr, _, _ = _outer(labels, 1.0)
+        if h == 1 or (one_replica and abs(outer_lr - 1.0) < 1e-6):
+            return 1.5 + VALLEY_DEPTH + curvature.lr * math.log2(lr * outer_lr / PLATEAU_LR) ** 2
+        return (
+            1.5
+            + curvature.lr * math.log2(lr / VALLEY["lr"]) ** 2
+            + curvature.outer_lr * math.log2(outer_lr / VALLEY["outer_lr"]) ** 2
+            + curvature.h * math.log(h / VALLEY["h"], 3) ** 2
+        )
+
+    return loss
+
+
 def lr_batch(labels: dict[str, str]) -> float:
     lr, batch = float(labels["optimizer.lr"]), float(labels["batch.global_batch_size"])
     best_lr = 2e-3 * batch / 16
@@ -178,14 +218,21 @@ def lr_batch_search(searcher: str) -> Search:
 
 
 def surfaces(searcher: str, seed: int, preset: str = PRESET_NAME, arm: str = "m2") -> list[Surface]:
+    """Every surface on the arm's search; the plateau ones only where the search fixes the
+    outer optimizer (their reduction to AdamW holds without outer momentum alone)."""
     diloco = replace(diloco_search(preset, arm), searcher=searcher, seed=seed)
-    return [
+    found = [
         Surface("bowl (measured)", diloco, bowl(MEASURED)),
         Surface("outer ridge (measured)", diloco, outer_ridge(MEASURED)),
         Surface("bowl (flat)", diloco, bowl(FLAT)),
         Surface("outer ridge (flat)", diloco, outer_ridge(FLAT)),
-        Surface("lr x batch", replace(lr_batch_search(searcher), seed=seed), lr_batch),
     ]
+    if all(d.key != OUTER_OPTIMIZER for d in diloco.space.dimensions):
+        found += [
+            Surface("plateau (M = 1)", diloco, plateau(one_replica=True)),
+            Surface("plateau (M = 2)", diloco, plateau(one_replica=False)),
+        ]
+    return [*found, Surface("lr x batch", replace(lr_batch_search(searcher), seed=seed), lr_batch)]
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ def test_the_ladder_preset_gives_its_arm_s_space_budget_and_anchor() -> None:
         "technique.diloco.outer_lr",
         "technique.diloco.sync_every",
     ]
-    assert search.budget == 20 and search.finalists == 2 and search.finalist_seeds == (21,)
+    assert search.budget == 24 and search.finalists == 2 and search.finalist_seeds == (21,)
     assert search.previous_size_anchor and search.space.labels(search.anchors[0]) == {
         "optimizer.lr": "0.004",
         "technique.diloco.outer_lr": "0.707107",
@@ -56,3 +56,32 @@ def test_data_parallelism_s_arm_sees_the_surfaces_along_the_inner_lr_at_half_ste
         assert math.isclose(float(surface.search.space.labels(best)["optimizer.lr"]), best_lr, rel_tol=1e-5)
         offset = MEASURED.optimizers[0] if name.startswith("bowl") else 0.0  # the bowl's no-momentum offset
         assert math.isclose(surface.optimum(), 1.5 + offset, abs_tol=1e-9)
+
+
+def test_the_plateau_surface_is_adamw_wherever_diloco_reduces_to_it_and_its_valley_lies_below() -> None:
+    """One replica at outer LR 1 without outer momentum is AdamW at the inner LR whatever H is
+    (and H = 1 is AdamW at inner x outer LR for any M): those points equal data parallelism's
+    surface at that LR. The ladder's DiLoCo space starts at H 3, so H = 1 is data parallelism's
+    alone; on M = 1's grid the plateau's best point lies 0.016 + half an LR step's cost above
+    the valley (written out here from the surface's description)."""
+    m1 = {s.name: s for s in surfaces("gp", 0, "scaling_ladder_tuned", "m1")}["plateau (M = 1)"]
+    dp = {s.name: s for s in surfaces("gp", 0, "scaling_ladder_tuned", "dp")}["plateau (M = 1)"]
+    dimensions = m1.search.space.dimensions
+    lr_values, outer_values, h_values = ([d.value(i) for i in d.span] for d in dimensions)
+    assert min(h_values) == 3
+    for lr, h in itertools.product(lr_values, h_values):
+        labels = {"optimizer.lr": str(lr), "technique.diloco.outer_lr": "1.0", "technique.diloco.sync_every": str(h)}
+        assert m1.loss(labels) == dp.loss({"optimizer.lr": str(lr)})
+    two = {s.name: s for s in surfaces("gp", 0, "scaling_ladder_tuned", "m2")}["plateau (M = 2)"]
+    synced_every_step = two.loss(
+        {"optimizer.lr": "0.008", "technique.diloco.outer_lr": "0.5", "technique.diloco.sync_every": "1"}
+    )
+    assert math.isclose(synced_every_step, dp.loss({"optimizer.lr": "0.004"}))
+    assert m1.optimum() == 1.5 and m1.search.space.labels(m1.optimum_point()) == {
+        "optimizer.lr": "0.004",
+        "technique.diloco.outer_lr": "0.707107",
+        "technique.diloco.sync_every": "10",
+    }
+    assert not any(s.name.startswith("plateau") for s in surfaces("gp", 0))  # momentum searched there
+    plateau_best = min(m1.loss({"optimizer.lr": str(lr), "technique.diloco.outer_lr": "1"}) for lr in lr_values)
+    assert math.isclose(plateau_best, 1.5 + 0.016 + MEASURED.lr * math.log2(math.sqrt(2)) ** 2)
