@@ -67,7 +67,7 @@ def test_the_plateau_surface_is_adamw_wherever_diloco_reduces_to_it_and_its_vall
     m1 = {s.name: s for s in surfaces("gp", 0, "scaling_ladder_tuned", "m1")}["plateau (M = 1)"]
     dp = {s.name: s for s in surfaces("gp", 0, "scaling_ladder_tuned", "dp")}["plateau (M = 1)"]
     dimensions = m1.search.space.dimensions
-    lr_values, outer_values, h_values = ([d.value(i) for i in d.span] for d in dimensions)
+    lr_values, _, h_values = ([d.value(i) for i in d.span] for d in dimensions)
     assert min(h_values) == 3
     for lr, h in itertools.product(lr_values, h_values):
         labels = {"optimizer.lr": str(lr), "technique.diloco.outer_lr": "1.0", "technique.diloco.sync_every": str(h)}
