@@ -2,7 +2,9 @@
 
 Each arm's tuning runs (``study.phase=tune``, finished) are placed on its search space by
 their overrides; a point counts once every tuning seed finished, at the mean of ``select``
-over them, and its runs on the finalist seeds are kept per seed. The search's own rules (``study/tuner.py``) then name the winner, the status
+over them, and its runs on the finalist seeds are kept per seed. A joint search reads only the
+points its replay asked (``Tuning.searched``): a run an earlier preset left in the same space
+stays out of its table, finalists and brackets. The search's own rules (``study/tuner.py``) then name the winner, the status
 of each dimension and the anchors that beat it, so the report and the sweeper can never
 disagree on them.
 """
@@ -118,7 +120,7 @@ def tuning_table(found: dict[tuple[str, str], Tuning]) -> str:
             else ""
         )
         if tuning.winner is None:
-            lines.append(f"| {arm} | {search.searcher}{budget} | {len(tuning.results)} | - | - | not run | - | no |")
+            lines.append(f"| {arm} | {search.searcher}{budget} | {len(tuning.searched)} | - | - | not run | - | no |")
             continue
         settings = ", ".join(f"{k}={v}" for k, v in tuning.space.labels(tuning.winner).items()) or "(nothing searched)"
         statuses = ", ".join(f"{k.split('.')[-1]}: {s}" for k, s in tuning.statuses.items()) or "-"
@@ -130,7 +132,7 @@ def tuning_table(found: dict[tuple[str, str], Tuning]) -> str:
         )
         anchors = "; ".join(_anchor(tuning, a) for a in search.anchors) or "-"
         lines.append(
-            f"| {arm} | {search.searcher}{budget} | {len(tuning.results)} | {settings} | {loss} | {statuses} | {anchors} | {_tuned(tuning)} |"
+            f"| {arm} | {search.searcher}{budget} | {len(tuning.searched)} | {settings} | {loss} | {statuses} | {anchors} | {_tuned(tuning)} |"
         )
     spaces = {name: tuning.space for (name, _), tuning in found.items() if tuning.space.dimensions}
     lines.append(
@@ -141,7 +143,7 @@ def tuning_table(found: dict[tuple[str, str], Tuning]) -> str:
 
 
 def _anchor(tuning: Tuning, anchor: tuple[int, ...]) -> str:
-    if anchor not in tuning.results:
+    if anchor not in tuning.searched:
         return f"{_short(tuning, anchor)}: not run"
     regret = tuning.regret(anchor)
     return f"{_short(tuning, anchor)}: {tuning.mean(anchor):.4f}; {regret.text(0.025) if regret else '-'}"
@@ -167,7 +169,7 @@ SHOWN_ABOVE_WINNER = 0.3
 
 
 def tuning_figures(found: dict[tuple[str, str], Tuning], out: Path, select: str = "val/loss") -> list[Path]:
-    """One PNG per searched setting: every point each arm ran (dots) against its value of that
+    """One PNG per searched setting: every point each arm's search ran (dots) against its value of that
     setting, the best run at each value (the line: the loss with every other setting at its
     best, which is what a joint search's bracketing means), the winner starred."""
     keys = list(dict.fromkeys(d.key for t in found.values() for d in t.space.dimensions))
@@ -211,7 +213,7 @@ def draw_setting(axis: plt.Axes, arm: str, tuning: Tuning, key: str) -> tuple[fl
     def x(grid_index: int) -> float:
         return grid_index if categorical else dimension.value(grid_index)
 
-    finite = {p: loss for p, loss in tuning.results.items() if math.isfinite(loss)}
+    finite = {p: loss for p, loss in tuning.searched.items() if math.isfinite(loss)}
     if not finite:  # every run diverged: nothing to draw
         return None
     best_at: dict[int, float] = {}

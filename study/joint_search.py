@@ -60,10 +60,12 @@ _ASKED: "OrderedDict[tuple, Any]" = OrderedDict()
 @dataclass(frozen=True)
 class Replay:
     """A joint search replayed over its results: the points to run next (empty when the
-    budget is spent) and the points the sampler chose itself."""
+    budget is spent), the points the sampler chose itself and every point the search asked
+    (anchors included; a run elsewhere in the space is not the search's)."""
 
     pending: list[Point]
     own: frozenset[Point]
+    asked: frozenset[Point]
 
 
 # Nats per token above which a run has diverged: worse than a uniform guess over any
@@ -161,7 +163,7 @@ def replay(
             state, batch = asked, asked["batch"]
             pending = [point for _, point in batch if point not in results]
             if pending or not batch:
-                return Replay(pending, frozenset(state["own"]))
+                return _replayed(pending, state)
             told = []
             for number, point in batch:
                 value = _told_value(results[point], state["told"])
@@ -172,7 +174,13 @@ def replay(
                 record.tell(k, told)
             state["spent"] += len(batch)
             told_rounds += (tuple((point, results[point]) for _, point in batch),)
-    return Replay([], frozenset(state["own"]))
+    return _replayed([], state)
+
+
+def _replayed(pending: list[Point], state: dict[str, Any]) -> Replay:
+    """The replay where it stopped: the rounds told and the round open (or the last one told)."""
+    asked = frozenset(state["told"]) | {point for _, point in state["batch"]}
+    return Replay(pending, frozenset(state["own"]), asked)
 
 
 def _force_round(state: dict[str, Any], space: SearchSpace, recorded: "Round") -> dict[str, Any]:

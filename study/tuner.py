@@ -84,7 +84,8 @@ class Tuning:
     winner, each dimension's status and the regret check."""
 
     search: Search
-    #: Each point's mean loss over the tuning seeds: what the searcher sees.
+    #: Each finished point of the space at its mean loss over the tuning seeds: what the
+    #: searcher is told at the points it asks.
     results: dict[Point, float]
     #: The finalists' and anchors' losses on each finalist seed.
     reruns: dict[Point, dict[int, float]] = field(default_factory=dict)
@@ -96,13 +97,14 @@ class Tuning:
         return self.search.space
 
     @cached_property
-    def _plan(self) -> tuple[list[Point], frozenset[Point]]:
+    def _plan(self) -> tuple[list[Point], frozenset[Point], frozenset[Point]]:
+        """The points to run next, the searcher's own points and every point it asked."""
         search, results = self.search, self.results
         if search.searcher == "coordinate":
             pending = proposals(search.space, results, search.anchors)
             if search.budget is not None:
                 pending = pending[: max(0, search.budget - len(results))]
-            return pending, own_points(search.space, results, search.anchors)
+            return pending, own_points(search.space, results, search.anchors), frozenset(results)
         found = replay(
             search.space,
             search.searcher,
@@ -113,12 +115,20 @@ class Tuning:
             results,
             self.record,
         )
-        return found.pending, found.own
+        return found.pending, found.own, found.asked
 
     @property
     def pending(self) -> list[Point]:
         """The searcher's points to run next on the tuning seeds (empty when its search is over)."""
         return self._plan[0] if self.space.dimensions else []
+
+    @cached_property
+    def searched(self) -> dict[Point, float]:
+        """The points this search asked that finished, with their mean over the tuning seeds:
+        what its finalists, brackets and report read. The coordinate rule takes every point of
+        its space; a joint search only its replay's, so a run an earlier search left in the
+        same space (a preset edited mid-study, say) is not counted as this one's."""
+        return {p: v for p, v in self.results.items() if p in self._plan[2]}
 
     @cached_property
     def own(self) -> dict[Point, float]:
@@ -135,7 +145,7 @@ class Tuning:
         if self.pending or not self.own:
             return ()
         points = sorted(self.own)
-        means = posterior_mean(self.space, self.results, points)
+        means = posterior_mean(self.space, self.searched, points)
         ranked = sorted(zip(means, points), key=lambda pair: (loss_key(pair[0]), pair[1]))
         return tuple(point for _, point in ranked[: self.search.finalists])
 
@@ -143,7 +153,7 @@ class Tuning:
     def pending_reruns(self) -> list[tuple[Point, int]]:
         """The (point, finalist seed) runs still missing: every finalist's and anchor's."""
         points = (
-            [*self.finalists, *(a for a in self.search.anchors if a in self.results)] if self.search.finalists else []
+            [*self.finalists, *(a for a in self.search.anchors if a in self.searched)] if self.search.finalists else []
         )
         return [
             (p, seed)
@@ -180,7 +190,7 @@ class Tuning:
     def _status(self, best: Point, axis: int) -> str:
         if self.search.searcher == "coordinate":
             return status(self.space, self.results, best, axis)
-        dimension, tried = self.space.dimensions[axis], {p[axis] for p in self.results}
+        dimension, tried = self.space.dimensions[axis], {p[axis] for p in self.searched}
         if isinstance(dimension, Choice):
             return ALL_TRIED if tried >= set(dimension.span) else NOT_BRACKETED
         assert isinstance(dimension, Range)
@@ -192,7 +202,7 @@ class Tuning:
         if all(index is not None for index in nearest.values()):
             return (
                 BRACKETED
-                if rises_on_both_sides(self.space, self.results, best, axis, tuple(nearest.values()))
+                if rises_on_both_sides(self.space, self.searched, best, axis, tuple(nearest.values()))
                 else NOT_BRACKETED
             )
         open_sides = [direction for direction, index in nearest.items() if index is None]
@@ -205,7 +215,7 @@ class Tuning:
     def regret(self, anchor: Point) -> Estimate | None:
         """The winner's loss minus the anchor's, paired over the seeds both ran (None: not both ran)."""
         best = self.winner
-        if best is None or anchor not in self.results:
+        if best is None or anchor not in self.searched:
             return None
         mine, theirs = self.losses(best), self.losses(anchor)
         shared = sorted(set(mine) & set(theirs))

@@ -4,13 +4,14 @@ exactly, and an anchor that beats the winner makes the arm not tuned."""
 
 import math
 import random
+from dataclasses import replace
 
 import pytest
 
 from study.coordinate_search import AT_LIMIT, BRACKETED, NOT_BRACKETED
 from study.joint_search import forget_asked_rounds
 from study.search_space import MAX_EXTENSION, Choice, Range, SearchSpace, parse_anchors
-from study.tuner import Search, Tuning
+from study.tuner import Search, Tuning, rises_on_both_sides
 from common.errors import ConfigError
 
 LR = Range("optimizer.lr", 1e-3, 4e-3, "log", 2, 2.5e-4, 3.2e-2)
@@ -80,6 +81,23 @@ def test_the_winner_is_the_searchers_own_best_and_anchors_stay_controls(gp_searc
     tuning = Tuning(search, results)
     own = [p for p in results if p != (1, 0, 0)]
     assert tuning.winner == min(own, key=lambda p: (results[p], p))
+
+
+def test_a_run_the_search_never_asked_is_not_its_point(gp_search) -> None:
+    """A run left in the space by an earlier search (a preset edited mid-study) is not this
+    search's: the table, finalists and brackets equal the search's without it."""
+    search, results, _ = gp_search
+    search = replace(search, finalists=2, finalist_seeds=(21,))
+    stray = (3, 1, 0)  # next to the winner along the LR, far better than anything asked
+    assert stray not in results and Tuning(search, results).winner == (2, 1, 0)
+    left = Tuning(search, {**results, stray: 1.0})
+    alone = Tuning(search, results)
+    assert left.pending == [] and left.searched == results
+    assert (left.finalists, left.winner, left.statuses) == (alone.finalists, alone.winner, alone.statuses)
+    # Read as this search's point, the stray would have left the LR unbracketed: it lies
+    # below the winner on the winner's own line.
+    assert not rises_on_both_sides(SPACE, {**results, stray: 1.0}, (2, 1, 0), 0, (1, 3))
+    assert alone.statuses[LR.key] == BRACKETED
 
 
 def test_an_anchor_that_beats_the_winner_makes_the_arm_not_tuned() -> None:
