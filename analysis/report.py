@@ -409,16 +409,43 @@ def build_report(runs: list[Run]) -> StudyReport:
         return StudyReport(runs, groups, spec)
     found = tunings(spec, runs) if spec.tuned else {}
     judged = [group for group in groups if group.phase not in ("tune", HELD_OUT)]
-    crossings: dict[tuple[str, ...], list[Group]] = {}
-    for group in judged:
-        if group.arm:
-            crossings.setdefault(crossed_with(group.runs[0], spec), []).append(group)
-    if len({override_value(list(crossing), "model") for crossing in crossings}) > 1:  # a ladder
+    crossings = ladder_crossings(spec, judged)
+    if crossings:
         return StudyReport(runs, groups, spec, ladder_verdicts(spec, crossings, found), found)
     untuned = frozenset(arm for (arm, _), tuning in found.items() if not tuning.tuned)
     looks = judge_in_looks(spec, [arm_spreads(spec, judged)], untuned).verdicts[0]
     verdicts = [judge_trend(claim, [], untuned) if claim.trend else looks[i] for i, claim in enumerate(spec.claims)]
     return StudyReport(runs, groups, spec, verdicts, found)
+
+
+def ladder_crossings(spec: StudySpec, judged: list[Group]) -> dict[tuple[str, ...], list[Group]]:
+    """A ladder's judged groups by what each size's jobs were crossed with (empty when the
+    study is not crossed with more than one model size)."""
+    crossings: dict[tuple[str, ...], list[Group]] = {}
+    for group in judged:
+        if group.arm:
+            crossings.setdefault(crossed_with(group.runs[0], spec), []).append(group)
+    return crossings if len({override_value(list(c), "model") for c in crossings}) > 1 else {}
+
+
+def every_size_trends(report: StudyReport) -> list[Verdict]:
+    """A ladder's trend claims judged with every size's searched winner, the sizes whose
+    search is not tuned included: exploratory, beside the claims' verdicts (which leave those
+    sizes out), to show how much the exclusions move a trend. Empty unless a ladder has a
+    trend claim and a size that is not tuned."""
+    spec = report.spec
+    if spec is None or not any(c.trend for c in spec.claims) or all(t.tuned for t in report.tunings.values()):
+        return []
+    judged = [group for group in report.groups if group.phase not in ("tune", HELD_OUT)]
+    crossings = ladder_crossings(spec, judged)
+    if not crossings:
+        return []
+    verdicts = ladder_verdicts(spec, crossings, report.tunings, leave_out_untuned=False)
+    return [
+        replace(v, claim=replace(v.claim, claim=f"{v.claim.claim} (every size, exploratory)"))
+        for v in verdicts
+        if v.claim.trend
+    ]
 
 
 def arm_spreads(spec: StudySpec, groups: list[Group]) -> dict[str, dict[str, Spread]]:
@@ -431,17 +458,25 @@ def arm_spreads(spec: StudySpec, groups: list[Group]) -> dict[str, dict[str, Spr
 
 
 def ladder_verdicts(
-    spec: StudySpec, crossings: dict[tuple[str, ...], list[Group]], found: dict[tuple[str, str], Tuning]
+    spec: StudySpec,
+    crossings: dict[tuple[str, ...], list[Group]],
+    found: dict[tuple[str, str], Tuning],
+    leave_out_untuned: bool = True,
 ) -> list[Verdict]:
     """A study crossed with model sizes (a ladder): each plain claim judged at each size (its
     text names it), each trend claim across them, in the looks the study's plan made
     (``study/looks.py``). An arm whose search at a size is not tuned is not judged there
     (``not tuned``) and leaves the trend, as the plan's looks leave it out (in a ladder with a
-    held-out size its winner's judging runs exist: the loss fits read them)."""
+    held-out size its winner's judging runs exist: the loss fits read them).
+    ``leave_out_untuned=False`` judges every arm at every size (``every_size_trends``)."""
     labels = distinct_crossings(list(crossings))
     bases, sizes, untuned_at = [], [], []
     for crossing, members in crossings.items():
-        untuned = {arm for (arm, label), t in found.items() if set(label.split()) <= set(crossing) and not t.tuned}
+        untuned = {
+            arm
+            for (arm, label), t in found.items()
+            if leave_out_untuned and set(label.split()) <= set(crossing) and not t.tuned
+        }
         bases.append({arm: m for arm, m in arm_spreads(spec, members).items() if arm not in untuned})
         sizes.append(parameter_count(members[0].runs[0].setting("model")))
         untuned_at.append(untuned)

@@ -18,7 +18,8 @@ on all sizes (L(N) per method, the joint L(N, M) over DiLoCo, the inner LR each 
 picked against N; in a tuned ladder each searched setting's law over the searched sizes'
 winners, ``study/setting_laws.py``), a tuned ladder's search at each size (each arm's
 winner, its loss and its anchors' beside it), the study's claims (in a ladder, per size and as
-trends), and the compute (training time per size and phase); it writes
+trends; where a size's search is not tuned, the trends again with it counted, marked
+exploratory), and the compute (training time per size and phase); it writes
 ``ladder_loss.png`` (loss against N with the fits and the held-out prediction),
 ``ladder_gap.png`` (each DiLoCo method's difference from data parallelism against N) and, in a
 tuned ladder, ``ladder_<setting>.png`` per searched setting (the winners against N, the law,
@@ -51,7 +52,7 @@ from analysis.ladder import (  # noqa: E402
     searched_winners,
     write_prediction,
 )
-from analysis.report import build_report, study_spec, verdict_table  # noqa: E402
+from analysis.report import build_report, every_size_trends, study_spec, verdict_table  # noqa: E402
 from analysis.tuning_report import tuning_table  # noqa: E402
 from study.preset import StudySpec  # noqa: E402
 from study.setting_laws import MAJORITY, MIN_SIZES, POWER_LAW, SettingLaw, setting_laws  # noqa: E402
@@ -171,6 +172,13 @@ def do_report(args: argparse.Namespace) -> None:
         print(f"\n## The search at each size\n\n{tuning_table(report.tunings)}")
     if report.verdicts:
         print(f"\n## Claims\n\n{verdict_table(report.verdicts)}")
+    if exploratory := every_size_trends(report):
+        print(
+            "\n## Exploratory: the trends with every size's searched winner\n\n"
+            "The claims above leave out each size whose search is not tuned; here those sizes'"
+            f" winners count too. Not a verdict: it shows how much the exclusions move each trend.\n\n"
+            f"{verdict_table(exploratory)}"
+        )
     print(f"\n## Compute\n\n{compute_table(runs)}")
     out = args.out or args.dirs[0] / "report"
     out.mkdir(parents=True, exist_ok=True)

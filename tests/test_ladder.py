@@ -14,7 +14,7 @@ from omegaconf import OmegaConf
 from scipy import stats
 
 from analysis.ladder import Rung, fit_loss, predict
-from analysis.report import study_report
+from analysis.report import every_size_trends, study_report
 from analysis.runs import find_runs
 from study.preset import StudySpec
 from study.trend import TrendPoint, judge_trend, slope
@@ -287,24 +287,33 @@ def test_a_held_out_size_the_ladder_cannot_fit_is_one_line_before_any_job(
     assert not folder.exists()
 
 
-def test_a_ladder_report_judges_plain_claims_at_each_size_and_trends_across_them(tmp_path: Path) -> None:
-    """The tuned ladder's claims on finished judging runs of four sizes: the per-size claim at
-    every size (named by its size), each trend once, its slope scipy's on the per-size means."""
+def judged_ladder(sweep: Path, gaps: dict[str, float], shifted: dict[tuple[str, str], float] = {}) -> list[int]:
+    """Judging runs of the tuned ladder's three arms at its four searched sizes, seeds 2 and 3:
+    each DiLoCo arm ``gaps[arm]`` above data parallelism at 0.1M, falling 0.05 per decade of
+    N, plus ``shifted[(arm, size)]``; returns the sizes' parameter counts."""
     preset = OmegaConf.load(REPO / "conf" / "sweep" / "scaling_ladder_tuned.yaml")
     study = OmegaConf.to_container(preset.study)
-    gaps = {"m1": -0.02, "m2": 0.03}  # at 0.1M; each falls by 0.05 per decade of N
-    sweep, job = tmp_path / "sweep", 0
-    sizes = []
+    job, sizes = 0, []
     for model in SIZES[:4]:
         shape = yaml.safe_load((REPO / "conf" / "model" / f"{model}.yaml").read_text())
         n = count_parameters(LlamaSettings(**{k: v for k, v in shape.items() if k != "_target_"}))
         sizes.append(n)
         for arm in ("dp", "m1", "m2"):
             for seed, noise in ((2, 0.001), (3, -0.001)):
-                gap = gaps[arm] - 0.05 * math.log10(n / 104_688) if arm in gaps else 0.0
+                gap = (
+                    gaps[arm] - 0.05 * math.log10(n / 104_688) + shifted.get((arm, model), 0.0) if arm in gaps else 0.0
+                )
                 write_run(sweep / str(job), model, arm, seed, 2.0 + gap + noise, study)
                 job += 1
-    report = study_report([sweep])
+    return sizes
+
+
+def test_a_ladder_report_judges_plain_claims_at_each_size_and_trends_across_them(tmp_path: Path) -> None:
+    """The tuned ladder's claims on finished judging runs of four sizes: the per-size claim at
+    every size (named by its size), each trend once, its slope scipy's on the per-size means."""
+    gaps = {"m1": -0.02, "m2": 0.03}  # at 0.1M; each falls by 0.05 per decade of N
+    sizes = judged_ladder(tmp_path / "sweep", gaps)
+    report = study_report([tmp_path / "sweep"])
     texts = [v.claim.claim for v in report.verdicts]
     per_size = [t for t in texts if t.startswith("DiLoCo M = 1 ends lower")]
     assert [t.split("[")[-1] for t in per_size] == [f"model={m}]" for m in SIZES[:4]]
@@ -312,6 +321,37 @@ def test_a_ladder_report_judges_plain_claims_at_each_size_and_trends_across_them
     assert set(trends) == {"m1", "m2"} and all(v.verdict == "holds" for v in trends.values())
     fit = stats.linregress(np.log10(sizes), [gaps["m2"] - 0.05 * math.log10(n / 104_688) for n in sizes])
     assert f"slope per decade of N {fit.slope:.4g}" in trends["m2"].measured[0]
+    assert every_size_trends(report) == []  # every size tuned: nothing to add
+
+
+def test_a_size_whose_search_is_not_tuned_leaves_the_trend_and_the_exploratory_view_counts_it(
+    tmp_path: Path,
+) -> None:
+    """M = 2's search at 0.3M and M = 1's at 0.65M have run one point of their budgets (not
+    tuned): each trend claim is judged on its arm's other three sizes, the exploratory trends
+    on all four (scipy's slopes on the per-size mean gaps)."""
+    gaps, bump = {"m1": -0.02, "m2": 0.03}, 0.1
+    untuned = {("m2", "ladder_0_3m"): bump, ("m1", "ladder_0_65m"): -bump}
+    sweep = tmp_path / "sweep"
+    sizes = judged_ladder(sweep, gaps, untuned)
+    study = OmegaConf.to_container(OmegaConf.load(REPO / "conf" / "sweep" / "scaling_ladder_tuned.yaml").study)
+    searched = ("optimizer.lr=0.004", "technique.diloco.outer_lr=0.707107", "technique.diloco.sync_every=3")
+    for arm, model in untuned:
+        write_run(sweep / f"tune_{arm}", model, arm, 1, 2.1, study, searched, "tune")
+    report = study_report([sweep])
+    trends = {v.claim.arm: v for v in report.verdicts if v.claim.trend}
+    explored = {v.claim.arm: v for v in every_size_trends(report)}
+    assert set(explored) == {"m1", "m2"} and explored["m2"].claim.claim.endswith("(every size, exploratory)")
+    for arm, left_out in (("m2", 1), ("m1", 2)):
+        gap = [
+            gaps[arm] - 0.05 * math.log10(n / 104_688) + untuned.get((arm, SIZES[i]), 0.0) for i, n in enumerate(sizes)
+        ]
+        kept = [i for i in range(4) if i != left_out]
+        fit = stats.linregress(np.log10([sizes[i] for i in kept]), [gap[i] for i in kept])
+        everywhere = stats.linregress(np.log10(sizes), gap)
+        assert f"slope per decade of N {fit.slope:.4g}" in trends[arm].measured[0], trends[arm].measured
+        assert f"slope per decade of N {everywhere.slope:.4g}" in explored[arm].measured[0], explored[arm].measured
+        assert abs(everywhere.slope - fit.slope) > 0.01  # the bump moves the slope: the two views differ
 
 
 def test_the_ladder_report_fits_each_searched_setting_and_draws_it(tmp_path: Path) -> None:
