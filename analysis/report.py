@@ -408,7 +408,7 @@ def build_report(runs: list[Run]) -> StudyReport:
     if spec is None:
         return StudyReport(runs, groups, spec)
     found = tunings(spec, runs) if spec.tuned else {}
-    judged = [group for group in groups if group.phase not in ("tune", HELD_OUT)]
+    judged = judging_groups(groups)
     crossings = ladder_crossings(spec, judged)
     if crossings:
         return StudyReport(runs, groups, spec, ladder_verdicts(spec, crossings, found), found)
@@ -416,6 +416,11 @@ def build_report(runs: list[Run]) -> StudyReport:
     looks = judge_in_looks(spec, [arm_spreads(spec, judged)], untuned).verdicts[0]
     verdicts = [judge_trend(claim, [], untuned) if claim.trend else looks[i] for i, claim in enumerate(spec.claims)]
     return StudyReport(runs, groups, spec, verdicts, found)
+
+
+def judging_groups(groups: list[Group]) -> list[Group]:
+    """The groups the claims judge: neither tuning runs nor a held-out size's."""
+    return [group for group in groups if group.phase not in ("tune", HELD_OUT)]
 
 
 def ladder_crossings(spec: StudySpec, judged: list[Group]) -> dict[tuple[str, ...], list[Group]]:
@@ -436,8 +441,7 @@ def every_size_trends(report: StudyReport) -> list[Verdict]:
     spec = report.spec
     if spec is None or not any(c.trend for c in spec.claims) or all(t.tuned for t in report.tunings.values()):
         return []
-    judged = [group for group in report.groups if group.phase not in ("tune", HELD_OUT)]
-    crossings = ladder_crossings(spec, judged)
+    crossings = ladder_crossings(spec, judging_groups(report.groups))
     if not crossings:
         return []
     verdicts = ladder_verdicts(spec, crossings, report.tunings, leave_out_untuned=False)
