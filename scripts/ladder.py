@@ -210,8 +210,9 @@ def save(figure, axis, path: Path) -> None:
 
 
 def plot_settings(laws: dict[str, list[SettingLaw]], held_out, out: Path) -> list[Path]:
-    """One figure per searched setting: each method's winners against N (o), its law (dashed;
-    a list setting has none) and the value the held-out size ran with (x)."""
+    """One figure per searched setting: each method's winners against N (o, ringed where at the
+    range's hard limit), its law (dashed; a list setting has none) and the value the held-out
+    size ran with (x)."""
     keys = dict.fromkeys(law.key for method_laws in laws.values() for law in method_laws)
     paths = []
     for key in keys:
@@ -225,6 +226,9 @@ def plot_settings(laws: dict[str, list[SettingLaw]], held_out, out: Path) -> lis
             numeric = law.form != MAJORITY
             values = [float(v) if numeric else v for _, v in law.winners]
             (line,) = axis.plot(n, values, "o", label=f"{method}: {law.form}")
+            edge = [(size, value) for size, value in zip(n, values) if size in law.at_limit]
+            if edge:  # at the range's hard limit: the search's edge, not a measured optimum
+                axis.plot(*zip(*edge), "o", markersize=11, fillstyle="none", color=line.get_color())
             held = [
                 (parameter_count(run.setting("model")), float(run.setting(key)))
                 for run in held_out
@@ -241,7 +245,8 @@ def plot_settings(laws: dict[str, list[SettingLaw]], held_out, out: Path) -> lis
             yscale="log" if numeric else "linear",
             xlabel="parameters N",
             ylabel=key,
-            title=f"best {key.split('.')[-1]} against N: winners (o), law (dashed), held-out size (x)",
+            title=f"best {key.split('.')[-1]} against N: winners (o; ringed: at the range's limit),\n"
+            "law (dashed), held-out size (x)",
         )
         path = out / f"ladder_{key.split('.')[-1]}.png"
         save(figure, axis, path)

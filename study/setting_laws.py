@@ -8,7 +8,9 @@ best value, found per size, follows a power law in the parameter count N. A ladd
   logs, with a 95% interval on ``b`` (Student's t, sizes - 2 degrees of freedom). Where that
   interval holds 0 the sizes do not show the setting moving with N, and the law is a
   **constant**: the winners' geometric mean (the same fit with ``b`` fixed at 0). Either value
-  is kept within the range's hard limits, to 3 significant digits (whole for an integer);
+  is kept within the range's hard limits, to 3 significant digits (whole for an integer).
+  A winner at one of those limits is the search space's edge, not a measured optimum (the
+  loss may fall further beyond it), so the law names the sizes where that happened;
 - a **list** (the outer optimizer) has no power law: the value most sizes' winners chose, a
   tie going to the largest size's choice among the tied ones.
 
@@ -46,6 +48,8 @@ class SettingLaw:
     a: float | None = None
     exponent: float | None = None
     exponent_interval: tuple[float, float] | None = None
+    #: The sizes whose winner sits at a hard limit of the range: there the law fits the edge.
+    at_limit: tuple[int, ...] = ()
 
     def describe(self) -> str:
         """One line: the law and its value, e.g. ``optimizer.lr = 0.41 N^-0.42 [-0.61, -0.23]: 1.7e-3``."""
@@ -54,14 +58,22 @@ class SettingLaw:
         low, high = self.exponent_interval
         fitted = f"b = {self.exponent:.3g} [{low:.3g}, {high:.3g}]"
         if self.form == CONSTANT:
-            return f"{self.key}: constant (the exponent's interval holds 0: {fitted}), {self.value}"
-        return f"{self.key} = {self.a:.3g} N^{self.exponent:.3g} ({fitted}): {self.value}"
+            line = f"{self.key}: constant (the exponent's interval holds 0: {fitted}), {self.value}"
+        else:
+            line = f"{self.key} = {self.a:.3g} N^{self.exponent:.3g} ({fitted}): {self.value}"
+        if self.at_limit:
+            line += (
+                f"; {len(self.at_limit)} of {len(self.winners)} sizes' winners at the range's hard limit"
+                " (the space's edge, not a measured optimum)"
+            )
+        return line
 
     def as_dict(self) -> dict:
         found = {"key": self.key, "form": self.form, "value": self.value}
         found["winners"] = [{"n_params": n, "value": v} for n, v in self.winners]
         if self.exponent is not None:
             found |= {"a": self.a, "exponent": self.exponent, "exponent_interval": list(self.exponent_interval)}
+            found["winners_at_limit"] = list(self.at_limit)
         return found
 
 
@@ -110,4 +122,6 @@ def _range_law(
     high = math.inf if dimension.max is None else dimension.max
     value = min(max(value, low), high)
     written = format_value(round(value) if dimension.integer else float(f"{value:.3g}"))
-    return SettingLaw(dimension.key, form, labels, written, (f"{dimension.key}={written}",), law.a, b, interval)
+    at_limit = tuple(int(size) for size, v in zip(n, values) if v in (low, high))
+    override = (f"{dimension.key}={written}",)
+    return SettingLaw(dimension.key, form, labels, written, override, law.a, b, interval, at_limit)

@@ -61,6 +61,17 @@ def test_a_setting_whose_exponent_interval_holds_zero_is_a_constant_at_the_winne
     assert "constant" in law.describe() and law.as_dict()["exponent"] == pytest.approx(fit.slope, rel=1e-9)
 
 
+def test_a_law_names_the_sizes_whose_winner_sits_at_the_ranges_hard_limit() -> None:
+    # H's grid runs 10, 3, then 1, its hard limit: the two smallest sizes won at that edge,
+    # where the loss might still fall, the others inside the range.
+    points = [(n, (0, index, 0)) for n, index in zip(SIZES, [-2, -2, -1, 0])]
+    sync, lr = setting_laws(SearchSpace((LR, SYNC, OUTER)), points, HELD_OUT)[1::-1]
+    assert [SYNC.value(index) for index in (-2, -1, 0)] == [1, 3, 10] and SYNC.min == 1
+    assert sync.at_limit == tuple(SIZES[:2]) and sync.as_dict()["winners_at_limit"] == SIZES[:2]
+    assert "2 of 4 sizes' winners at the range's hard limit" in sync.describe()
+    assert lr.at_limit == () and "limit" not in lr.describe()
+
+
 def test_a_list_takes_most_sizes_winner_and_a_tie_goes_to_the_largest_size() -> None:
     space = SearchSpace((LR, SYNC, OUTER))
     most = [(n, (0, 0, choice)) for n, choice in zip(SIZES, [1, 0, 1, 1])]
