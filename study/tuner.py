@@ -25,6 +25,7 @@ the tuning seeds) and its seed, and the same rules judge it:
 """
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from functools import cached_property
 
@@ -200,11 +201,9 @@ class Tuning:
             for direction in (-1, 1)
         }
         if all(index is not None for index in nearest.values()):
-            return (
-                BRACKETED
-                if rises_on_both_sides(self.space, self.searched, best, axis, tuple(nearest.values()))
-                else NOT_BRACKETED
-            )
+            sides = tuple(nearest.values())
+            rises = rises_on_both_sides(self.space, self.searched, best, axis, sides, self.losses)
+            return BRACKETED if rises else NOT_BRACKETED
         open_sides = [direction for direction, index in nearest.items() if index is None]
         edge = [
             here == (dimension.span.start if d < 0 else dimension.span.stop - 1) and dimension.at_hard_limit(here, d)
@@ -257,13 +256,29 @@ class Tuning:
 
 
 def rises_on_both_sides(
-    space: SearchSpace, results: dict[Point, float], best: Point, axis: int, sides: tuple[int, int]
+    space: SearchSpace,
+    results: dict[Point, float],
+    best: Point,
+    axis: int,
+    sides: tuple[int, int],
+    losses: Callable[[Point], dict[int, float]] | None = None,
 ) -> bool:
-    """Whether the surrogate's loss, along ``axis`` through ``best`` (its other settings held),
-    is higher at both of these indices than at the winner."""
+    """Whether the loss along ``axis`` through ``best`` (its other settings held) is higher at
+    both of these indices than at the winner: by the surrogate of the tuning seeds' results,
+    except that a neighbour which ran the finalist seeds beside the winner (``losses``: a
+    point's loss per seed) is compared as the winner was picked, on the mean over the seeds
+    both ran. The surrogate alone could put a finalist that lost on two seeds below the
+    winner, and call the winner unbracketed beside it."""
     line = [best, *((*best[:axis], index, *best[axis + 1 :]) for index in sides)]
-    at_winner, *others = posterior_mean(space, results, line)
-    return all(other > at_winner for other in others)
+    at_winner, *modelled = posterior_mean(space, results, line)
+    mine = losses(best) if losses else {}
+    for neighbour, surrogate in zip(line[1:], modelled):
+        theirs = losses(neighbour) if losses else {}
+        shared = [seed for seed in mine if seed in theirs]
+        higher = sum(theirs[s] - mine[s] for s in shared) > 0 if len(shared) > 1 else surrogate > at_winner
+        if not higher:
+            return False
+    return True
 
 
 def anchored_on(search: Search, previous: Tuning | None) -> Search:

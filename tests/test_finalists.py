@@ -90,3 +90,23 @@ def test_a_joint_bracket_needs_the_surrogate_to_rise_along_the_winners_line() ->
     bowl = {**{(i, 0): true_loss(i) for i in range(5)}, **other}
     assert rises_on_both_sides(space, bowl, (2, 0), 0, (1, 3))
     assert BRACKETED == "bracketed" and not math.isnan(posterior_mean(space, bowl, [(2, 0)])[0])
+
+
+def test_a_neighbour_that_lost_on_the_finalist_seeds_brackets_the_winner() -> None:
+    """The tuned ladder's data-parallel search at 0.65M: on seed 1 the LR below the winner ended
+    lower (1.5586 against 1.5626), on seeds 1 and 21 higher (1.5643 against 1.5623), which is
+    why the other point won. Judged on the seed-1 surrogate alone that neighbour is the lower
+    point and the winner looks unbracketed; compared as the winner was picked it is bracketed."""
+    space = SearchSpace((X,))
+    seed_1 = {(0,): 1.5755, (1,): 1.5586, (2,): 1.5626, (3,): 1.5752, (4,): 1.5960}
+    seeds = {(1,): {21: 1.5701}, (2,): {21: 1.5620}}
+
+    def losses(point: tuple[int, ...]) -> dict[int, float]:
+        return {-1: seed_1[point], **seeds.get(point, {})}
+
+    assert np.mean(list(losses((2,)).values())) < np.mean(list(losses((1,)).values()))
+    assert not rises_on_both_sides(space, seed_1, (2,), 0, (1, 3))  # the surrogate alone: (1,) is lower
+    assert rises_on_both_sides(space, seed_1, (2,), 0, (1, 3), losses)
+    # The same measured comparison says no where the neighbour also won on the finalist seed.
+    seeds[(1,)] = {21: 1.5610}
+    assert not rises_on_both_sides(space, seed_1, (2,), 0, (1, 3), losses)
