@@ -122,6 +122,6 @@ def _range_law(
     high = math.inf if dimension.max is None else dimension.max
     value = min(max(value, low), high)
     written = format_value(round(value) if dimension.integer else float(f"{value:.3g}"))
-    at_limit = tuple(int(size) for size, v in zip(n, values) if v in (low, high))
+    at_limit = tuple(size for size, point in winners if any(dimension.at_hard_limit(point[axis], d) for d in (-1, 1)))
     override = (f"{dimension.key}={written}",)
     return SettingLaw(dimension.key, form, labels, written, override, law.a, b, interval, at_limit)
