@@ -141,7 +141,7 @@ def _excursions(values: list[float], threshold: float) -> float:
     return float(sum(now and not before for before, now in zip([False, *above], above)))
 
 
-def _read_rows(path: Path) -> list[dict[str, float]]:
+def read_rows(path: Path) -> list[dict[str, float]]:
     """CSV rows as floats; empty cells (metrics not logged at that step) are left out. Where
     the step goes back (a resumed run), the rows it repeats are dropped in favour of the new."""
     rows: list[dict[str, float]] = []
@@ -174,7 +174,7 @@ def load_run(path: str | Path) -> Run:
         path=path,
         config=_read_yaml(path / "csv" / "hparams.yaml", {}) or {},
         overrides=recorded_overrides(path) or [],
-        rows=_read_rows(metrics),
+        rows=read_rows(metrics),
     )
 
 

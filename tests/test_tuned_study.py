@@ -12,7 +12,7 @@ import yaml
 
 from analysis.report import study_report, write_report
 from analysis.runs import load_run
-from tests.run_helpers import REPO, TINY, run_sweep, run_train
+from tests.run_helpers import REPO, TINY, run_script, run_sweep, run_train
 
 SETTINGS = [o for o in TINY if not o.startswith(("optimizer.lr=", "token_budget="))]
 STUDY = [
@@ -86,19 +86,77 @@ def test_the_report_reads_the_search_back_and_judges_on_the_judging_seeds_only(s
 
 def test_the_same_command_resumes_a_study_stopped_mid_search(study, tmp_path: Path) -> None:
     original, cache = study
-    folder = tmp_path / "sweep"
-    shutil.copytree(original, folder)
-    # Stopped during round 2: job 2 killed after its step-4 checkpoint, no judging job yet.
-    for leftover in ("finished.yaml", "checkpoints/last.ckpt", "checkpoints/step000006.ckpt"):
-        (folder / "2" / leftover).unlink()
-    for job in range(3, 7):
-        shutil.rmtree(folder / str(job))
+    folder = stopped_mid_search(original, tmp_path / "sweep")
     result = sweep(folder, cache)
     assert result.returncode == 0, result.stderr[-3000:]
     output = result.stdout + result.stderr
     assert "skipped job 0" in output and "skipped job 1" in output and "resuming job 2 from" in output
     assert output.count("finished at step") == 5  # job 2's rest and the four judging jobs
     assert [val_loss(folder / str(job)) for job in range(7)] == [val_loss(original / str(job)) for job in range(7)]
+
+
+def stopped_mid_search(original: Path, folder: Path) -> Path:
+    """A copy of the study as it stood during round 2: job 2 killed after its step-4
+    checkpoint, no judging job yet."""
+    shutil.copytree(original, folder)
+    for leftover in ("finished.yaml", "checkpoints/last.ckpt", "checkpoints/step000006.ckpt"):
+        (folder / "2" / leftover).unlink()
+    for job in range(3, 7):
+        shutil.rmtree(folder / str(job))
+    return folder
+
+
+def archive(*arguments: Path | str) -> subprocess.CompletedProcess:
+    return run_script(REPO / "scripts" / "study_archive.py", [str(argument) for argument in arguments])
+
+
+def test_a_study_archived_then_restored_on_a_new_machine_resumes_its_search_and_ends_the_same(
+    study, tmp_path: Path
+) -> None:
+    """Only the archive crosses: job 2 (unfinished) reruns from scratch in the new folder, the
+    judging jobs follow the search's record, and every loss equals the uninterrupted study's."""
+    original, cache = study
+    stopped = stopped_mid_search(original, tmp_path / "old_machine")
+    assert archive("save", stopped, tmp_path / "archive").returncode == 0
+    folder = tmp_path / "new_machine"
+    restored = archive("restore", tmp_path / "archive", folder)
+    assert restored.returncode == 0 and "restored 2 runs" in restored.stdout, restored.stderr
+    result = sweep(folder, cache)
+    assert result.returncode == 0, result.stderr[-3000:]
+    output = result.stdout + result.stderr
+    assert "skipped job 0" in output and "skipped job 1" in output and output.count("finished at step") == 5
+    assert [val_loss(folder / str(job)) for job in range(7)] == [val_loss(original / str(job)) for job in range(7)]
+
+
+def test_a_restored_study_reads_every_final_value_and_verdict_as_the_original(study, tmp_path: Path) -> None:
+    original, _ = study
+    assert archive("save", original, tmp_path / "archive").returncode == 0
+    assert archive("restore", tmp_path / "archive", tmp_path / "restored").returncode == 0
+    for job in range(7):
+        before, after = load_run(original / str(job)), load_run(tmp_path / "restored" / str(job))
+        keys = {key for row in before.rows for key in row}
+        assert {key: after.final(key) for key in keys} == {key: before.final(key) for key in keys}
+        assert after.config == before.config and after.overrides == before.overrides
+        assert after.series("val/loss") == before.series("val/loss")
+    old, new = study_report([original]), study_report([tmp_path / "restored"])
+    assert [v.measured for v in new.verdicts] == [v.measured for v in old.verdicts] and new.verdicts
+    assert new.tunings[("tuned", "")].statuses == old.tunings[("tuned", "")].statuses
+
+
+def test_an_archive_refuses_to_drop_runs_or_to_mix_with_another_run_and_writes_nothing(study, tmp_path: Path) -> None:
+    original, _ = study
+    assert archive("save", original, tmp_path / "archive").returncode == 0
+    runs = (tmp_path / "archive" / "runs.jsonl").read_text()
+    partial = archive("save", stopped_mid_search(original, tmp_path / "partial"), tmp_path / "archive")
+    assert partial.returncode == 2 and partial.stderr.startswith("error: ") and len(partial.stderr.splitlines()) == 1
+    assert "holds run 2 " in partial.stderr and (tmp_path / "archive" / "runs.jsonl").read_text() == runs
+    other = tmp_path / "other"
+    record(other / "0", ["a=1"], finished=True)
+    refused = archive("restore", tmp_path / "archive", other)
+    assert refused.returncode == 2 and "holds a finished run of other overrides (a=1)" in refused.stderr
+    assert sorted(path.name for path in other.iterdir()) == ["0"]
+    empty = archive("save", tmp_path / "partial" / "2", tmp_path / "nowhere")
+    assert empty.returncode == 2 and "holds no finished run" in empty.stderr and not (tmp_path / "nowhere").exists()
 
 
 def test_a_report_mid_search_says_the_curves_wait_for_judging_runs(study, tmp_path: Path) -> None:
