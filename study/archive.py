@@ -65,8 +65,15 @@ def save(sweep_dir: Path, archive_dir: Path) -> int:
     )
     for name in STUDY_FILES:
         if (sweep_dir / name).is_file():
-            _write(archive_dir / name, (sweep_dir / name).read_text())
+            text = (sweep_dir / name).read_text()
+            _write(archive_dir / name, _whole_lines(text) if name == JOURNAL else text)
     return len(lines)
+
+
+def _whole_lines(text: str) -> str:
+    """The text up to its last line end: a worker may be appending to the journal as it is
+    read, and half an entry would make the restored record unreadable."""
+    return text[: text.rfind("\n") + 1] if "\n" in text else text
 
 
 def restore(archive_dir: Path, sweep_dir: Path) -> int:
