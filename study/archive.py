@@ -32,6 +32,7 @@ import yaml
 from analysis.ladder import PREDICTION
 from analysis.runs import FINISHED, METRICS, read_rows
 from common.errors import ConfigError
+from launch.sweep_jobs import LOCK, lock_is_live
 from study.search_record import JOURNAL
 
 RUNS, BASE, RESTORED = "runs.jsonl", "base_config.yaml", "restored.yaml"
@@ -176,6 +177,10 @@ def _needs_laying(folder: Path, record: dict[str, Any]) -> bool:
     """Whether the archived run must be laid at ``folder``: not when the folder holds the same
     finished run; refused when it holds a finished run of other overrides."""
     if not (folder / FINISHED).is_file():
+        if lock_is_live(folder / LOCK):
+            raise ConfigError(
+                f"a worker is training in {folder}: restore before starting the study's workers, or after they end."
+            )
         return True
     held = (yaml.safe_load((folder / FINISHED).read_text()) or {}).get("overrides", [])
     if held != record["finished"]["overrides"]:

@@ -2,7 +2,9 @@
 the winner is judged on other seeds with a paired interval, the same command resumes, and a
 searched key that does not exist is one line before any job starts."""
 
+import os
 import shutil
+import socket
 import subprocess
 from functools import partial
 from pathlib import Path
@@ -155,6 +157,11 @@ def test_an_archive_refuses_to_drop_runs_or_to_mix_with_another_run_and_writes_n
     refused = archive("restore", tmp_path / "archive", other)
     assert refused.returncode == 2 and "holds a finished run of other overrides (a=1)" in refused.stderr
     assert sorted(path.name for path in other.iterdir()) == ["0"]
+    training = tmp_path / "training"
+    (training / "2").mkdir(parents=True)  # a live worker (this process) holds job 2's folder
+    (training / "2" / "running.lock").write_text(f"{socket.gethostname()} {os.getpid()}")
+    busy = archive("restore", tmp_path / "archive", training)
+    assert busy.returncode == 2 and "a worker is training in" in busy.stderr and not (training / "0").exists()
     empty = archive("save", tmp_path / "partial" / "2", tmp_path / "nowhere")
     assert empty.returncode == 2 and "holds no finished run" in empty.stderr and not (tmp_path / "nowhere").exists()
 
