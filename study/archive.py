@@ -23,10 +23,12 @@ training metrics show the validation steps only).
 
 import json
 import os
+import platform
 import shutil
 from pathlib import Path
 from typing import Any
 
+import torch
 import yaml
 
 from analysis.ladder import PREDICTION
@@ -107,7 +109,25 @@ def _record(folder: Path) -> dict[str, Any]:
         "finished": yaml.safe_load((folder / FINISHED).read_text()),
         "rows": _thinned(read_rows(folder / METRICS)),
         "hparams": _flat(_hparams(folder)),
+        "machine": _machine(folder),
     }
+
+
+def _machine(folder: Path) -> str:
+    """Where the run trained: a restored run's recorded machine, else this one's CPU and the
+    kernels PyTorch picked on it. Seeded runs repeat exactly on one kind of CPU, not across
+    kinds (AVX2 and AVX-512 kernels sum in other orders), so a study that crossed machines says
+    which runs ran where."""
+    if (folder / RESTORED).is_file():
+        return str((yaml.safe_load((folder / RESTORED).read_text()) or {}).get("machine", "unrecorded"))
+    return f"{_cpu_name()}, {torch.backends.cpu.get_cpu_capability()} kernels"
+
+
+def _cpu_name() -> str:
+    cpuinfo = Path("/proc/cpuinfo")
+    lines = cpuinfo.read_text().splitlines() if cpuinfo.is_file() else []
+    name = next((line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")), "")
+    return name or platform.processor() or platform.machine()
 
 
 def _with_config(record: dict[str, Any], base: dict[Path_, Any]) -> dict[str, Any]:
@@ -221,7 +241,13 @@ def _lay_run(folder: Path, record: dict[str, Any], base: dict[Path_, Any], archi
     (folder / METRICS).write_text("\n".join(table) + "\n")
     (folder / HPARAMS).write_text(yaml.safe_dump(_nested(config), sort_keys=False))
     (folder / RESTORED).write_text(
-        yaml.safe_dump({"archive": str(archive_dir), "rows": "validation rows and each key's last value"})
+        yaml.safe_dump(
+            {
+                "archive": str(archive_dir),
+                "machine": record.get("machine", "unrecorded"),
+                "rows": "validation rows and each key's last value",
+            }
+        )
     )
     (folder / FINISHED).write_text(yaml.safe_dump(record["finished"], sort_keys=False))
 

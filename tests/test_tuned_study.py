@@ -2,6 +2,7 @@
 the winner is judged on other seeds with a paired interval, the same command resumes, and a
 searched key that does not exist is one line before any job starts."""
 
+import json
 import os
 import shutil
 import socket
@@ -140,6 +141,10 @@ def test_a_restored_study_reads_every_final_value_and_verdict_as_the_original(st
         assert {key: after.final(key) for key in keys} == {key: before.final(key) for key in keys}
         assert after.config == before.config and after.overrides == before.overrides
         assert after.series("val/loss") == before.series("val/loss")
+    # Saved again from the restored folder, the archive is the same, runs' machines included.
+    assert archive("save", tmp_path / "restored", tmp_path / "again").returncode == 0
+    lines = [(tmp_path / name / "runs.jsonl").read_text().splitlines() for name in ("archive", "again")]
+    assert [json.loads(line) for line in lines[1]] == [json.loads(line) for line in lines[0]]
     old, new = study_report([original]), study_report([tmp_path / "restored"])
     assert [v.measured for v in new.verdicts] == [v.measured for v in old.verdicts] and new.verdicts
     assert new.tunings[("tuned", "")].statuses == old.tunings[("tuned", "")].statuses
