@@ -54,6 +54,7 @@ from analysis.ladder import (  # noqa: E402
 )
 from analysis.report import build_report, every_size_trends, study_spec, verdict_table  # noqa: E402
 from analysis.tuning_report import tuning_table  # noqa: E402
+from study.archive import machine_of  # noqa: E402
 from study.preset import StudySpec  # noqa: E402
 from study.setting_laws import MAJORITY, MIN_SIZES, POWER_LAW, SettingLaw, setting_laws  # noqa: E402
 from analysis.runs import find_runs  # noqa: E402
@@ -124,17 +125,18 @@ def prediction_table(predictions: list[Prediction], measured: dict[tuple[str, st
 
 
 def compute_table(runs) -> str:
-    """Finished runs and their training time (``time/train_seconds``, summed) per size and
-    phase: the ladder's cost, part by part."""
-    cost: dict[tuple[int, str, str], list[float]] = {}  # (N, size, phase) -> seconds per run
+    """Finished runs and their training time (``time/train_seconds``, summed) per size, phase
+    and machine: the ladder's cost, part by part (a study carried across machines by its
+    archive ran parts on other CPUs, at other speeds)."""
+    cost: dict[tuple[int, str, str, str], list[float]] = {}  # (N, size, phase, machine) -> seconds per run
     for run in (run for run in runs if run.finished):
-        key = (parameter_count(run.setting("model")), model_name(run), run.phase or "-")
+        key = (parameter_count(run.setting("model")), model_name(run), run.phase or "-", machine_of(run.path))
         cost.setdefault(key, []).append(run.final("time/train_seconds") or 0.0)
-    lines = ["| size | phase | runs | training time (one core, h) |", "|---|---|---|---|"]
-    for (_, model, phase), seconds in sorted(cost.items()):
-        lines.append(f"| {model} | {phase} | {len(seconds)} | {sum(seconds) / 3600:.2f} |")
+    lines = ["| size | phase | machine | runs | training time (one core, h) |", "|---|---|---|---|---|"]
+    for (_, model, phase, machine), seconds in sorted(cost.items()):
+        lines.append(f"| {model} | {phase} | {machine} | {len(seconds)} | {sum(seconds) / 3600:.2f} |")
     total = sum(sum(seconds) for seconds in cost.values())
-    lines.append(f"| all | | {sum(len(s) for s in cost.values())} | {total / 3600:.2f} |")
+    lines.append(f"| all | | | {sum(len(s) for s in cost.values())} | {total / 3600:.2f} |")
     return "\n".join(lines)
 
 

@@ -109,11 +109,11 @@ def _record(folder: Path) -> dict[str, Any]:
         "finished": yaml.safe_load((folder / FINISHED).read_text()),
         "rows": _thinned(read_rows(folder / METRICS)),
         "hparams": _flat(_hparams(folder)),
-        "machine": _machine(folder),
+        "machine": machine_of(folder),
     }
 
 
-def _machine(folder: Path) -> str:
+def machine_of(folder: Path) -> str:
     """Where the run trained: a restored run's recorded machine, else this one's CPU and the
     kernels PyTorch picked on it. Seeded runs repeat exactly on one kind of CPU, not across
     kinds (AVX2 and AVX-512 kernels sum in other orders), so a study that crossed machines says

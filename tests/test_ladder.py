@@ -414,3 +414,18 @@ def test_the_gap_figure_marks_each_size_whose_search_is_not_tuned() -> None:
         ("m2", "seed=3"): SimpleNamespace(tuned=False),  # no size: not a ladder's search
     }
     assert not_tuned(tunings) == {("dp", "ladder_0_1m"), ("m1", "ladder_0_3m")}
+
+
+def test_the_compute_table_splits_each_size_by_the_machine_its_runs_trained_on(tmp_path: Path) -> None:
+    """A study carried across machines by its archive: restored runs are counted under the
+    machine their archive recorded, the rest under this one."""
+    from scripts.ladder import compute_table
+    from study.archive import RESTORED, machine_of
+
+    judged_ladder(tmp_path / "sweep", {"m1": -0.02, "m2": 0.03})
+    for job in range(6):  # the 0.1M size's six judging runs came from an archive
+        (tmp_path / "sweep" / str(job) / RESTORED).write_text("machine: Other CPU, AVX512 kernels\n")
+    table = compute_table(find_runs([tmp_path / "sweep"])).splitlines()
+    here = machine_of(tmp_path / "sweep" / "6")
+    assert "| ladder_0_1m | judge | Other CPU, AVX512 kernels | 6 | 0.00 |" in table
+    assert f"| ladder_0_3m | judge | {here} | 6 | 0.00 |" in table and here.endswith(" kernels")
