@@ -16,6 +16,7 @@ from scipy import stats
 from analysis.ladder import Rung, fit_loss, predict
 from analysis.report import every_size_trends, study_report
 from analysis.runs import find_runs
+from study.archive import machine_of
 from study.preset import StudySpec
 from study.trend import TrendPoint, judge_trend, slope
 from common.errors import ConfigError
@@ -195,8 +196,9 @@ def test_the_prediction_command_never_reads_the_predicted_size(tmp_path: Path) -
     report = ladder(["report", str(sweep), "--out", str(tmp_path / "report")])
     assert report.returncode == 0, report.stderr
     assert "| dp | ladder_2_1m | 2,084,688 | its own search |" in report.stdout and "| not run | - |" in report.stdout
+    here = machine_of(sweep / "0")  # no run was restored: every one trained on this machine
     assert (
-        "| ladder_0_1m | judge | 2 | 0.00 |" in report.stdout and "| all | | 8 |" in report.stdout
+        f"| ladder_0_1m | judge | {here} | 2 | 0.00 |" in report.stdout and "| all | | | 8 |" in report.stdout
     )  # the unfinished run left out
     # Bad input: a size in the fit and the prediction, and too few sizes for a fit.
     (sweep / "ladder_prediction.yaml").unlink()
@@ -420,7 +422,7 @@ def test_the_compute_table_splits_each_size_by_the_machine_its_runs_trained_on(t
     """A study carried across machines by its archive: restored runs are counted under the
     machine their archive recorded, the rest under this one."""
     from scripts.ladder import compute_table
-    from study.archive import RESTORED, machine_of
+    from study.archive import RESTORED
 
     judged_ladder(tmp_path / "sweep", {"m1": -0.02, "m2": 0.03})
     for job in range(6):  # the 0.1M size's six judging runs came from an archive
