@@ -21,6 +21,7 @@ run no longer has: checkpoints, and the training rows between validations (curve
 training metrics show the validation steps only).
 """
 
+import functools
 import json
 import os
 import platform
@@ -41,7 +42,7 @@ RUNS, BASE, RESTORED = "runs.jsonl", "base_config.yaml", "restored.yaml"
 HPARAMS = Path("csv") / "hparams.yaml"
 #: The study's files beside its runs that an archive carries (the append-only journal may grow).
 STUDY_FILES = (JOURNAL, PREDICTION)
-Path_ = tuple[str, ...]
+ConfigKey = tuple[str, ...]
 _ABSENT = object()
 
 
@@ -120,17 +121,19 @@ def machine_of(folder: Path) -> str:
     which runs ran where."""
     if (folder / RESTORED).is_file():
         return str((yaml.safe_load((folder / RESTORED).read_text()) or {}).get("machine", "unrecorded"))
-    return f"{_cpu_name()}, {torch.backends.cpu.get_cpu_capability()} kernels"
+    return _this_machine()
 
 
-def _cpu_name() -> str:
+@functools.cache
+def _this_machine() -> str:
+    """This CPU's name and PyTorch's kernel level on it, read once per process."""
     cpuinfo = Path("/proc/cpuinfo")
     lines = cpuinfo.read_text().splitlines() if cpuinfo.is_file() else []
     name = next((line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")), "")
-    return name or platform.processor() or platform.machine()
+    return f"{name or platform.processor() or platform.machine()}, {torch.backends.cpu.get_cpu_capability()} kernels"
 
 
-def _with_config(record: dict[str, Any], base: dict[Path_, Any]) -> dict[str, Any]:
+def _with_config(record: dict[str, Any], base: dict[ConfigKey, Any]) -> dict[str, Any]:
     """The record with its config as the differences from ``base`` (keys as lists of names,
     since a key may hold dots: the searched settings' names do)."""
     config = record.pop("hparams")
@@ -156,13 +159,13 @@ def _hparams(folder: Path) -> dict[str, Any]:
     return yaml.safe_load((folder / HPARAMS).read_text()) if (folder / HPARAMS).is_file() else {}
 
 
-def _flat(config: Any, prefix: Path_ = ()) -> dict[Path_, Any]:
+def _flat(config: Any, prefix: ConfigKey = ()) -> dict[ConfigKey, Any]:
     if not isinstance(config, dict) or not config:
         return {prefix: config} if prefix else {}
     return {key: value for name, child in config.items() for key, value in _flat(child, (*prefix, str(name))).items()}
 
 
-def _nested(flat: dict[Path_, Any]) -> dict[str, Any]:
+def _nested(flat: dict[ConfigKey, Any]) -> dict[str, Any]:
     nested: dict[str, Any] = {}
     for key, value in flat.items():
         node = nested
@@ -185,7 +188,7 @@ def _check_kept(archive_dir: Path, lines: dict[int, dict[str, Any]]) -> None:
             )
 
 
-def _read_archive(archive_dir: Path) -> tuple[dict[Path_, Any], list[dict[str, Any]]]:
+def _read_archive(archive_dir: Path) -> tuple[dict[ConfigKey, Any], list[dict[str, Any]]]:
     if not (archive_dir / RUNS).is_file() or not (archive_dir / BASE).is_file():
         raise ConfigError(f"{archive_dir} is not a study archive (no {RUNS} and {BASE}): name one `save` wrote.")
     base = _flat(yaml.safe_load((archive_dir / BASE).read_text()))
@@ -228,7 +231,7 @@ def _needs_copy(archived: Path, present: Path) -> bool:
     )
 
 
-def _lay_run(folder: Path, record: dict[str, Any], base: dict[Path_, Any], archive_dir: Path) -> None:
+def _lay_run(folder: Path, record: dict[str, Any], base: dict[ConfigKey, Any], archive_dir: Path) -> None:
     if folder.exists():  # an unfinished attempt of the same job: the archived run replaces it
         shutil.rmtree(folder)
     config = dict(base)
