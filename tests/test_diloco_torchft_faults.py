@@ -58,22 +58,25 @@ def assert_rows_are_the_groups_slices(reference: dict[int, list[str]], runs: dic
 def test_a_straggler_is_left_out_of_rounds_and_healed_without_costing_the_others(
     tmp_path, tmp_path_factory, reference
 ) -> None:
-    """The groups take 0.1 s a step, but group 2 takes 1 s from step 9 to 16 (a round of it
-    outlasts several of the others'): the lighthouse forms the fast groups' quorums without it past its join timeout,
-    their rounds commit, and the straggler heals at a later sync, its clock and data moved to
-    the peers' steps; it then trains with them and all end on the same weights."""
+    """The groups take 0.1 s a step, but group 2 takes 1.5 s a step from step 9 to 12 (that round, 6 s,
+    outlasts the lighthouse's 3 s join timeout and several of the others' rounds): the lighthouse
+    forms the fast groups' quorums without it, their rounds commit, and the straggler heals at a
+    later sync, its clock and data moved to the peers' steps; it then trains with them and all
+    end on the same weights. The timeouts are 3 s, not the 1 s default, so that a fast group
+    slowed by a loaded machine (a CI run of 2026-12-02 was late by over 1 s at round 23) is not
+    mistaken for the straggler."""
     cache = tmp_path_factory.getbasetemp() / "cache"
     steps = 96
     budget = [f"token_budget={steps * 6 * 32}"]
     pace = ["+callbacks.pace._target_=benchmarks.pace.Pace", "+callbacks.pace.seconds=0.1"]
     slow = [
         "+callbacks.pace._target_=benchmarks.pace.Pace",
-        "+callbacks.pace.seconds=1.0",
+        "+callbacks.pace.seconds=1.5",
         "+callbacks.pace.from_step=8",
-        "+callbacks.pace.to_step=16",
+        "+callbacks.pace.to_step=12",
     ]
     folders = {g: tmp_path / f"group{g}" for g in range(3)}
-    with Lighthouse(min_replicas=2) as lighthouse:
+    with Lighthouse(min_replicas=2, join_timeout_ms=3000, heartbeat_timeout_ms=3000) as lighthouse:
         processes = [
             start_group(
                 lighthouse,
@@ -99,7 +102,7 @@ def test_a_straggler_is_left_out_of_rounds_and_healed_without_costing_the_others
     assert trained[0] == trained[1] == set(range(1, steps + 1))
     skipped = set(range(1, steps + 1)) - trained[2]
     print(f"group 2 skipped steps {sorted(skipped)}")
-    assert skipped and max(skipped) < 40  # healed over some steps of the slow window, then in step
+    assert skipped and max(skipped) <= steps - 4 * SYNC_EVERY  # healed with 4+ rounds left, trained them in step
     assert metric(folders[2], "diloco/skipped_steps")[-1] == len(skipped)
     assert metric(folders[2], "diloco/groups")[-1] == 3.0
     final = [checkpoint_weights(folder / "checkpoints" / "last.ckpt") for folder in folders.values()]

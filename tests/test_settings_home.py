@@ -67,6 +67,7 @@ CONFIG_ERROR_RAISERS = {
     "study/jobs.py": "a study's arms on the command line, a sweep folder of other runs",
     "study/tuned_sweep.py": "a tuned study's preset against the composed configs and its folder",
     "study/setting_laws.py": "a ladder's held-out size with too few searched sizes to fit",
+    "study/archive.py": "a study archive against the sweep folder it is saved from or restored into",
     "analysis/critical_batch.py": "the critical-batch analysis' arguments",
     "analysis/ladder.py": "the scaling ladder's arguments",
     "scripts/critical_batch.py": "the script's arguments",
