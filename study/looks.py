@@ -21,7 +21,7 @@ from study.claim_tests import Spread
 from study.sequential import nominal_levels
 from study.preset import Claim, StudySpec
 from study.trend import judge_trend, points_of
-from study.verdicts import UNRESOLVED, Verdict, judge_claim
+from study.verdicts import FEW_SIZES, UNRESOLVED, Verdict, judge_claim
 
 Groups = dict[str, dict[str, Spread]]  # arm -> metric -> its final values over seeds
 
@@ -79,13 +79,14 @@ def judge_in_looks(
         open_trends = [(i, c) for i, c in trends if i not in trended]
         trend_look = _trends(open_trends, sizes, on_seeds, untuned, fractions, spec)
         if complete:
-            trended.update({i: v for i, v in trend_look.items() if v.verdict not in UNRESOLVED})
+            trended.update({i: v for i, v in trend_look.items() if v.verdict not in (*UNRESOLVED, FEW_SIZES)})
         verdicts = [[done.get(i, look[i]) for i in range(len(spec.claims))] for done, look in zip(decided, latest)]
         found = {**trend_look, **trended}
         if not complete:
             return Judgement(verdicts, tuple(looks), seeds, found)
         unresolved = any(i not in done and not claim.front for done in decided for i, claim in claims)
-        unresolved = unresolved or any(i not in trended for i, _ in trends)
+        # A trend over too few sizes is shown on every look's seeds but asks for none: seeds add no size.
+        unresolved = unresolved or any(i not in trended and trend_look[i].verdict != FEW_SIZES for i, _ in trends)
         if not unresolved or len(looks) == len(spec.looks):
             return Judgement(verdicts, tuple(looks), None, found)
         looks.append(spec.looks[len(looks)])

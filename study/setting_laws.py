@@ -57,7 +57,9 @@ class SettingLaw:
             return f"{self.key}: {self.form}, {self.value}"
         low, high = self.exponent_interval
         fitted = f"b = {self.exponent:.3g} [{low:.3g}, {high:.3g}]"
-        if self.form == CONSTANT:
+        if len({value for _, value in self.winners}) == 1:
+            line = f"{self.key}: constant (every size's winner), {self.value}"
+        elif self.form == CONSTANT:
             line = f"{self.key}: constant (the exponent's interval holds 0: {fitted}), {self.value}"
         else:
             line = f"{self.key} = {self.a:.3g} N^{self.exponent:.3g} ({fitted}): {self.value}"

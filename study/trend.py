@@ -9,6 +9,10 @@ standard error has sizes - 2 degrees of freedom, its spread the per-size means' 
 the line (which holds their seed noise). The claim's tests are made on the slope as on a
 difference (``study/claim_tests.py``): ``lower_than: 0`` is superiority, the gap shrinks
 with N (a one-sided t-test at 2.5%), with the slope the seeds resolve at 80% power beside it.
+With fewer than 3 sizes there is no scatter about a line to judge its slope against, and more
+seeds cannot supply it: such a trend is **too few sizes**, with each size's mean difference
+in place of a slope; judging seeds added in looks (``study/looks.py``) show it on their seeds
+but are never added for it.
 """
 
 import math
@@ -16,7 +20,7 @@ from dataclasses import dataclass
 
 from study.claim_tests import Estimate, Spread
 from study.preset import Claim
-from study.verdicts import NOT_RUN, NOT_TUNED, Level, Verdict, combine, describe, full_level, judged, margin
+from study.verdicts import FEW_SIZES, NOT_RUN, NOT_TUNED, Level, Verdict, combine, describe, full_level, judged, margin
 
 
 @dataclass(frozen=True)
@@ -61,6 +65,10 @@ def points_of(claim: Claim, sizes: list[float], bases: list[dict[str, dict[str, 
     return points
 
 
+#: Fewest sizes whose per-size means give a slope with a spread (sizes - 2 >= 1 degrees of freedom).
+MIN_TREND_SIZES = 3
+
+
 def judge_trend(
     claim: Claim, points: list[TrendPoint], untuned: frozenset[str] = frozenset(), level: Level = full_level
 ) -> Verdict:
@@ -68,8 +76,10 @@ def judge_trend(
     each test at ``level`` of its own (a look's share when seeds are added in looks)."""
     if not points:
         return Verdict(claim, [f"no size with finished runs of both {claim.arm} and {claim.baseline}"], NOT_RUN)
-    estimate = slope(points)
     sizes = len({p.n_params for p in points})
+    if sizes < MIN_TREND_SIZES:
+        return _too_few_sizes(claim, points, untuned)
+    estimate = slope(points)
     measured, verdicts = [], []
     for metric, conditions in claim.expect.items():
         for condition in conditions:
@@ -83,3 +93,19 @@ def judge_trend(
     if {claim.arm, claim.baseline} & untuned:
         return Verdict(claim, [*measured, "not tuned at every size (see the tuning table)"], NOT_TUNED)
     return Verdict(claim, measured, combine(verdicts))
+
+
+def _too_few_sizes(claim: Claim, points: list[TrendPoint], untuned: frozenset[str]) -> Verdict:
+    """A trend over one or two sizes: each size's mean difference, no slope judged."""
+    by_size: dict[float, list[float]] = {}
+    for p in points:
+        by_size.setdefault(p.n_params, []).append(p.difference)
+    means = ", ".join(f"N = {n:,.0f}: {sum(d) / len(d):+.4g} ({len(d)} seeds)" for n, d in sorted(by_size.items()))
+    metric = next(iter(claim.expect))
+    measured = [
+        f"{metric} difference per size: {means}; {len(by_size)} size(s) with both arms judged, a slope's"
+        f" interval needs {MIN_TREND_SIZES}"
+    ]
+    if {claim.arm, claim.baseline} & untuned:
+        return Verdict(claim, [*measured, "not tuned at every size (see the tuning table)"], NOT_TUNED)
+    return Verdict(claim, measured, FEW_SIZES)

@@ -29,6 +29,8 @@ from study.claim_tests import ONE_SIDED_ALPHA, Condition, Estimate, Spread, pair
 from study.preset import LOWER, Claim, arm_names
 
 NOT_RUN, NOT_TUNED, UNDERPOWERED = "not run", "not tuned", "underpowered"
+#: A trend claim over fewer sizes than a slope's interval needs (``study/trend.py``).
+FEW_SIZES = "too few sizes"
 #: Verdicts that more judging seeds could still change.
 UNRESOLVED = ("inconclusive", UNDERPOWERED)
 #: A look's nominal level for a test of the given overall level (the full level at a single look).
@@ -75,7 +77,11 @@ def describe(
     the test, and what the seeds resolve (``estimates``: how to print them, ``{}`` for the one
     judged)."""
     power = resolvable(estimate, condition, alpha)
-    resolves = f"resolves ±{power:.3g} at 80% power" if power is not None else "resolves nothing (one seed)"
+    resolves = (
+        f"resolves ±{power:.3g} at 80% power"
+        if power is not None
+        else "resolves nothing (no spread: 0 degrees of freedom)"
+    )
     return f"{estimates} ({100 * (1 - 2 * alpha):.3g}% interval); {condition.words(alpha, of)}; {resolves}, margin {smallest:g}"
 
 

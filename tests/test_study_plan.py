@@ -167,6 +167,43 @@ def test_a_ladder_adds_judging_seeds_while_a_trend_claim_is_unresolved() -> None
     assert play_trend(0.0, {seed: 0.02 for seed in range(2, 8)}) == [[2, 3], [4, 5, 6, 7]]
 
 
+def test_a_trend_over_two_sizes_shows_each_size_s_mean_gap_and_asks_for_no_seeds() -> None:
+    """Two sizes leave no scatter about a line: the trend gives each size's mean difference on
+    the latest look's seeds and never adds seeds (they could not add a size); a plain claim
+    left unresolved still does, and the trend is then shown on them."""
+    from study.looks import judge_in_looks
+
+    trend = {
+        "arm": "other",
+        "baseline": "base",
+        "trend": "params",
+        "margin": 0.02,
+        "expect": {"val/loss": {"lower_than": 0.0}},
+    }
+    plain = {"arm": "other", "baseline": "base", "margin": 0.01, "expect": {"val/loss": {"lower_than": 0.0}}}
+    sizes = LADDER_SIZES[:2]
+    losses = {2: (2.0, 2.03), 3: (2.1, 2.08), 4: (1.9, 1.96), 5: (2.05, 2.04)}  # seed: (base, other)
+    for claims, seeds, asked in (
+        ([trend], [2, 3], None),
+        ([trend, plain], [2, 3], [2, 3, 4, 5]),
+        ([trend, plain], [2, 3, 4, 5], None),
+    ):
+        bases = [
+            {
+                "base": {"val/loss": Spread(tuple(losses[s][0] + k for s in seeds), tuple(seeds))},
+                "other": {"val/loss": Spread(tuple(losses[s][1] + 2 * k for s in seeds), tuple(seeds))},
+            }
+            for k in (0.0, 0.1)
+        ]
+        judgement = judge_in_looks(spec(claims=claims, seeds={"first": [2, 3], "max": 4}), bases, sizes=sizes)
+        assert judgement.next_seeds == asked
+        verdict = judgement.trends[0]
+        assert verdict.verdict == "too few sizes"
+        for n, k in zip(sizes, (0.0, 0.1)):
+            gap = np.mean([losses[s][1] - losses[s][0] + k for s in seeds])
+            assert f"N = {n:,}: {gap:+.4g} ({len(seeds)} seeds)" in verdict.measured[0], verdict.measured
+
+
 def test_a_held_out_ladder_judges_a_winner_that_is_not_tuned_but_leaves_it_out_of_the_claims() -> None:
     # Five sizes, the largest held out; at the second size other's anchor (1e-3) beats every
     # point its search runs, so that search is not tuned there.
