@@ -1,7 +1,7 @@
 """A scaling ladder's fits and its held-out prediction, from the framework's own runs.
 
     python scripts/ladder.py predict outputs/studies/scaling_ladder            # before the largest size is read
-    python scripts/ladder.py report outputs/studies/scaling_ladder --out docs/ # fits, prediction against measured, trends
+    python scripts/ladder.py report outputs/studies/scaling_ladder --out docs/ladder_fixed_diloco/ # fits, prediction against measured, trends
 
 A study with ``study.held_out`` (``conf/sweep/scaling_ladder.yaml``) writes its prediction
 itself, before the held-out size trains; ``predict`` is for ladders without one (or another
@@ -212,22 +212,24 @@ def save(figure, axis, path: Path) -> None:
 
 
 def plot_settings(laws: dict[str, list[SettingLaw]], held_out, out: Path) -> list[Path]:
-    """One figure per searched setting: each method's winners against N (o, ringed where at the
-    range's hard limit), its law (dashed; a list setting has none) and the value the held-out
-    size ran with (x)."""
+    """One figure per searched setting: each method's winners against N (a marker per method,
+    ringed where at the range's hard limit), its law (dashed; a list setting has none) and the
+    value the held-out size ran with (x)."""
     keys = dict.fromkeys(law.key for method_laws in laws.values() for law in method_laws)
     paths = []
     for key in keys:
         figure, axis = plt.subplots(figsize=(7, 4.5))
         numeric = True
-        for method, method_laws in laws.items():
+        for index, (method, method_laws) in enumerate(laws.items()):
             law = next((law for law in method_laws if law.key == key), None)
             if law is None:
                 continue
             n = np.array([size for size, _ in law.winners], float)
             numeric = law.form != MAJORITY
             values = [float(v) if numeric else v for _, v in law.winners]
-            (line,) = axis.plot(n, values, "o", label=f"{method}: {law.form}")
+            # Methods often share a winner (a grid point): a shape and a smaller size each keeps both in sight.
+            shape = {"marker": "osD^v"[index % 5], "markersize": max(9 - 2 * index, 4), "linestyle": "none"}
+            (line,) = axis.plot(n, values, **shape, label=f"{method}: {law.form}")
             edge = [(size, value) for size, value in zip(n, values) if size in law.at_limit]
             if edge:  # at the range's hard limit: the search's edge, not a measured optimum
                 axis.plot(*zip(*edge), "o", markersize=11, fillstyle="none", color=line.get_color())
@@ -247,7 +249,7 @@ def plot_settings(laws: dict[str, list[SettingLaw]], held_out, out: Path) -> lis
             yscale="log" if numeric else "linear",
             xlabel="parameters N",
             ylabel=key,
-            title=f"best {key.split('.')[-1]} against N: winners (o; ringed: at the range's limit),\n"
+            title=f"best {key.split('.')[-1]} against N: winners (ringed: at the range's limit),\n"
             "law (dashed), held-out size (x)",
         )
         path = out / f"ladder_{key.split('.')[-1]}.png"
