@@ -154,7 +154,9 @@ def do_report(args: argparse.Namespace) -> None:
             f" else `python scripts/ladder.py predict {args.dirs[0]}`."
         )
     )
-    print(f"## Held-out prediction\n\n{table}\n\n## Fits on every size\n")
+    print(f"## Held-out prediction\n\n{table}\n\n## Judged losses at each size\n\n{size_table(found)}")
+    print("\nMean ± std over the judging seeds (their number in brackets); a held-out size's at its fitted settings.")
+    print("\n## Fits on every size\n")
     for method, members in by_method(found).items():
         if len(members) >= 3:
             print(f"- {method}: {fit_loss(members).describe('L')}")
@@ -301,21 +303,58 @@ def not_tuned(tunings: dict) -> set[tuple[str, str]]:
     return {(arm, model) for arm, model in found if model is not None}
 
 
+def paired_gaps(found) -> dict[tuple[str, str], dict[int, float]]:
+    """Each DiLoCo method's loss minus data parallelism's at the same size, on each seed both
+    ran (same seed: same initial weights and data order), by (method, size)."""
+    methods = by_method(found)
+    baseline = {r.model: r.losses for r in methods.get("dp", [])}
+    return {
+        (r.method, r.model): {s: loss - baseline[r.model][s] for s, loss in r.losses.items() if s in baseline[r.model]}
+        for method, members in methods.items()
+        if method != "dp"
+        for r in members
+        if r.model in baseline
+    }
+
+
+def size_table(found) -> str:
+    """Each size's judged losses per method and each DiLoCo method's mean paired gap to data
+    parallelism: the numbers behind the loss and gap figures."""
+    methods = list(by_method(found))
+    diloco = [m for m in methods if m != "dp"]
+    gaps = paired_gaps(found)
+    lines = [
+        f"| size | N | {' | '.join(methods)} | {' | '.join(f'{m} - dp (paired)' for m in diloco)} |",
+        "|---|---|" + "---|" * (len(methods) + len(diloco)),
+    ]
+    sizes = sorted({(r.n_params, r.model) for r in found})
+    cells = {(r.method, r.model): r.losses for r in found}
+    for n_params, model in sizes:
+        row = [model, f"{n_params:,}"]
+        for method in methods:
+            values = list(cells.get((method, model), {}).values())
+            spread = f" ± {np.std(values, ddof=1):.4f}" if len(values) > 1 else ""
+            row.append(f"{np.mean(values):.4f}{spread} ({len(values)})" if values else "-")
+        for method in diloco:
+            gap = list(gaps.get((method, model), {}).values())
+            row.append(f"{np.mean(gap):+.4f} ({len(gap)})" if gap else "-")
+        lines.append(f"| {' | '.join(row)} |")
+    return "\n".join(lines)
+
+
 def plot_gap(found, path: Path, untuned: set[tuple[str, str]] = frozenset()) -> None:
     """Each DiLoCo method's loss minus data parallelism's at the same size and seed; a size where
     either search is not tuned is drawn hollow (it is measured, but out of the trend)."""
     figure, axis = plt.subplots(figsize=(7, 4.5))
-    methods = by_method(found)
-    baseline = {r.model: r for r in methods.get("dp", [])}
-    for index, (method, members) in enumerate(item for item in methods.items() if item[0] != "dp"):
+    gaps = paired_gaps(found)
+    for index, method in enumerate(dict.fromkeys(method for method, _ in gaps)):
         color = f"C{index}"
         for hollow in (False, True):
             points = [
-                (r.n_params, r.losses[s] - baseline[r.model].losses[s])
-                for r in members
-                if r.model in baseline and hollow == bool({(method, r.model), ("dp", r.model)} & untuned)
-                for s in r.losses
-                if s in baseline[r.model].losses
+                (r.n_params, gap)
+                for r in found
+                if r.method == method and hollow == bool({(method, r.model), ("dp", r.model)} & untuned)
+                for gap in gaps.get((method, r.model), {}).values()
             ]
             if points:
                 xs, ys = zip(*points)

@@ -433,3 +433,27 @@ def test_the_compute_table_splits_each_size_by_the_machine_its_runs_trained_on(t
     here = machine_of(tmp_path / "sweep" / "6")
     assert "| ladder_0_1m | judge | Other CPU, AVX512 kernels | 6 | 0.00 |" in table
     assert f"| ladder_0_3m | judge | {here} | 6 | 0.00 |" in table and here.endswith(" kernels")
+
+
+def test_the_size_table_gives_each_method_s_losses_and_its_paired_gap_to_data_parallelism(tmp_path: Path) -> None:
+    """Seeds 2 and 3 at each size, 0.001 above and below each arm's loss: the means and stds
+    and the gaps written into the runs come back (and a seed data parallelism lacks is not
+    paired)."""
+    from analysis.ladder import rungs
+    from scripts.ladder import size_table
+
+    gaps = {"m1": -0.02, "m2": 0.03}
+    sizes = judged_ladder(tmp_path / "sweep", gaps)
+    study = OmegaConf.to_container(OmegaConf.load(REPO / "conf" / "sweep" / "scaling_ladder_tuned.yaml").study)
+    write_run(tmp_path / "sweep" / "extra", "ladder_0_1m", "m2", 4, 2.5, study)  # no data-parallel seed 4
+    table = size_table(rungs(find_runs([tmp_path / "sweep"]))).splitlines()
+    assert table[0] == "| size | N | dp | m1 | m2 | m1 - dp (paired) | m2 - dp (paired) |"
+    spread = np.std([0.001, -0.001], ddof=1)
+    m2 = np.mean([2.03 + 0.001, 2.03 - 0.001, 2.5])
+    m2_spread = np.std([2.03 + 0.001, 2.03 - 0.001, 2.5], ddof=1)
+    assert table[2] == (
+        f"| ladder_0_1m | {sizes[0]:,} | 2.0000 ± {spread:.4f} (2) | 1.9800 ± {spread:.4f} (2)"
+        f" | {m2:.4f} ± {m2_spread:.4f} (3) | -0.0200 (2) | +0.0300 (2) |"
+    )
+    gap = gaps["m2"] - 0.05 * math.log10(sizes[3] / 104_688)
+    assert table[5].endswith(f"| {gap:+.4f} (2) |"), table[5]
