@@ -126,7 +126,10 @@ def test_quick_mode_splits_the_model_over_two_processes_and_plans_each_ones_shar
     runs = [run for run in data["runs"] if run["label"].startswith("tp:")]
     assert [run["loop"] for run in runs] == ["processes", "processes"]
     (last,) = runs[0]["losses"]
-    assert runs[1]["losses"][last] == pytest.approx(runs[0]["losses"][last], rel=1e-5)
+    # Reduction order only (one process's sums against two ranks'), carried through Adam's first
+    # steps: 2.8e-5 relative on an AVX-512 Intel Xeon, under 1e-5 on the EPYCs. The step-for-step
+    # equality of the two layouts is tests/test_tensor_parallel.py's.
+    assert runs[1]["losses"][last] == pytest.approx(runs[0]["losses"][last], rel=1e-4)
 
 
 def test_diloco_at_the_experiments_h_spreads_the_measured_outer_step_over_h_steps(quick_report):
