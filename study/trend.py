@@ -35,9 +35,7 @@ class TrendPoint:
 def slope(points: list[TrendPoint]) -> Estimate:
     """The slope of the per-size mean difference against log10 N, with its standard error
     (none with fewer than 3 sizes: no scatter to judge against)."""
-    by_size: dict[float, list[float]] = {}
-    for p in points:
-        by_size.setdefault(p.n_params, []).append(p.difference)
+    by_size = _by_size(points)
     xs = [math.log10(n) for n in sorted(by_size)]
     ys = [sum(by_size[n]) / len(by_size[n]) for n in sorted(by_size)]
     n = len(xs)
@@ -76,10 +74,18 @@ def judge_trend(
     each test at ``level`` of its own (a look's share when seeds are added in looks)."""
     if not points:
         return Verdict(claim, [f"no size with finished runs of both {claim.arm} and {claim.baseline}"], NOT_RUN)
-    sizes = len({p.n_params for p in points})
-    if sizes < MIN_TREND_SIZES:
-        return _too_few_sizes(claim, points, untuned)
-    estimate = slope(points)
+    if len(_by_size(points)) < MIN_TREND_SIZES:
+        measured, verdict = _per_size_means(claim, points), FEW_SIZES
+    else:
+        measured, verdict = _slope_tests(claim, points, level)
+    if {claim.arm, claim.baseline} & untuned:
+        return Verdict(claim, [*measured, "not tuned at every size (see the tuning table)"], NOT_TUNED)
+    return Verdict(claim, measured, verdict)
+
+
+def _slope_tests(claim: Claim, points: list[TrendPoint], level: Level) -> tuple[list[str], str]:
+    """Each condition's test on the slope, in words, and their combined verdict."""
+    estimate, sizes = slope(points), len(_by_size(points))
     measured, verdicts = [], []
     for metric, conditions in claim.expect.items():
         for condition in conditions:
@@ -87,25 +93,25 @@ def judge_trend(
             shown = f"slope per decade of N {estimate.text(alpha)}"
             measured.append(
                 f"{metric} difference: {describe(shown, estimate, condition, alpha, smallest, 'slope')};"
-                f" per-size means of {len(points)} seeds over {sizes} sizes, {max(sizes - 2, 0)} degrees of freedom"
+                f" per-size means of {len(points)} seeds over {sizes} sizes, {sizes - 2} degrees of freedom"
             )
             verdicts.append(judged(estimate, condition, smallest, alpha))
-    if {claim.arm, claim.baseline} & untuned:
-        return Verdict(claim, [*measured, "not tuned at every size (see the tuning table)"], NOT_TUNED)
-    return Verdict(claim, measured, combine(verdicts))
+    return measured, combine(verdicts)
 
 
-def _too_few_sizes(claim: Claim, points: list[TrendPoint], untuned: frozenset[str]) -> Verdict:
-    """A trend over one or two sizes: each size's mean difference, no slope judged."""
+def _per_size_means(claim: Claim, points: list[TrendPoint]) -> list[str]:
+    """A trend over one or two sizes in words: each size's mean difference, no slope."""
+    by_size = _by_size(points)
+    means = ", ".join(f"N = {n:,.0f}: {sum(d) / len(d):+.4g} ({len(d)} seeds)" for n, d in sorted(by_size.items()))
+    return [
+        f"{next(iter(claim.expect))} difference per size: {means}; {len(by_size)} size(s) with both arms judged,"
+        f" a slope's interval needs {MIN_TREND_SIZES}"
+    ]
+
+
+def _by_size(points: list[TrendPoint]) -> dict[float, list[float]]:
+    """The differences of each size (its parameter count), over its seeds."""
     by_size: dict[float, list[float]] = {}
     for p in points:
         by_size.setdefault(p.n_params, []).append(p.difference)
-    means = ", ".join(f"N = {n:,.0f}: {sum(d) / len(d):+.4g} ({len(d)} seeds)" for n, d in sorted(by_size.items()))
-    metric = next(iter(claim.expect))
-    measured = [
-        f"{metric} difference per size: {means}; {len(by_size)} size(s) with both arms judged, a slope's"
-        f" interval needs {MIN_TREND_SIZES}"
-    ]
-    if {claim.arm, claim.baseline} & untuned:
-        return Verdict(claim, [*measured, "not tuned at every size (see the tuning table)"], NOT_TUNED)
-    return Verdict(claim, measured, FEW_SIZES)
+    return by_size
