@@ -23,6 +23,9 @@ from analysis.runs import Run  # noqa: E402
 from study.search_record import JOURNAL, SearchRecord, fingerprint, open_storage, search_name, written_by_another  # noqa: E402
 from study.search_space import Choice, Range, describe  # noqa: E402
 from study.preset import StudySpec  # noqa: E402
+from study.claim_tests import ONE_SIDED_ALPHA  # noqa: E402
+from study.coordinate_search import TUNED as TUNED_STATUSES  # noqa: E402
+from study.selection import NOT_TUNED, UNDECIDED, AnchorLead  # noqa: E402
 from study.tuner import Tuning, anchored_on, tuning_from_seeds  # noqa: E402
 from analysis.scaling_laws import parameter_count  # noqa: E402
 from common.overrides import override_key  # noqa: E402
@@ -100,37 +103,30 @@ def distinct_crossings(crossings: list[tuple[str, ...]]) -> dict[tuple[str, ...]
 
 def tuning_table(found: dict[tuple[str, str], Tuning]) -> str:
     """Per search: the searcher and points run, the winner's settings and loss (its mean over
-    every seed it ran), each dimension's status, the anchors against the winner and the
-    verdict of the regret check."""
+    the seeds that picked it), each dimension's status, each anchor's lead over the search's own
+    best (the regret test) and the verdict."""
     lines = [
-        "| arm | searcher | points run | winner | winner's loss | dimensions | anchors (loss; winner minus anchor) | tuned |",
+        "| arm | searcher | points run | winner | winner's loss | dimensions | anchors (loss; own best minus anchor) | tuned |",
         "|---|---|---|---|---|---|---|---|",
     ]
     for (name, crossing), tuning in found.items():
         arm, search = f"{name} {crossing}".strip(), tuning.search
-        budget = (
-            f" (budget {search.budget}"
-            + (
-                f", {search.finalists} finalists on seeds {', '.join(map(str, search.finalist_seeds))}"
-                if search.finalists
-                else ""
-            )
-            + ")"
-            if search.budget is not None
-            else ""
-        )
+        budget = f" (budget {search.budget}{_finalists(tuning)})" if search.budget is not None else ""
         if tuning.winner is None:
             lines.append(f"| {arm} | {search.searcher}{budget} | {len(tuning.searched)} | - | - | not run | - | no |")
             continue
         settings = ", ".join(f"{k}={v}" for k, v in tuning.space.labels(tuning.winner).items()) or "(nothing searched)"
         statuses = ", ".join(f"{k.split('.')[-1]}: {s}" for k, s in tuning.statuses.items()) or "-"
-        seeds = len(tuning.losses(tuning.winner))
+        seeds = len(tuning.votes(tuning.winner))
         loss = (
-            f"{tuning.mean(tuning.winner):.4f}" + (f" ({seeds} seeds)" if seeds > 1 else "")
+            f"{tuning.mean(tuning.winner):.4f}" + (f" ({seeds} seeds)" if tuning.selection_seeds else " (tuning seeds)")
             if tuning.winner in tuning.results
             else "-"
         )
-        anchors = "; ".join(_anchor(tuning, a) for a in search.anchors) or "-"
+        if tuning.winner not in tuning.own:
+            loss += ", an anchor"
+        leads = {lead.anchor: lead for lead in tuning.anchor_leads}
+        anchors = "; ".join(_anchor(tuning, a, leads.get(a)) for a in search.anchors) or "-"
         lines.append(
             f"| {arm} | {search.searcher}{budget} | {len(tuning.searched)} | {settings} | {loss} | {statuses} | {anchors} | {_tuned(tuning)} |"
         )
@@ -142,11 +138,22 @@ def tuning_table(found: dict[tuple[str, str], Tuning]) -> str:
     return "\n".join(lines)
 
 
-def _anchor(tuning: Tuning, anchor: tuple[int, ...]) -> str:
+def _finalists(tuning: Tuning) -> str:
+    """ ", 3 finalists on seeds 21-24 (of up to 26)": the finalist seeds the pick used, and how many it may take."""
+    search = tuning.search
+    if not search.finalists:
+        return ""
+    used = tuning.selection_seeds or search.finalist_seeds[: search.finalist_first or len(search.finalist_seeds)]
+    text = f", {search.finalists} finalists on seeds {', '.join(map(str, used))}"
+    if len(search.finalist_seeds) > len(used):
+        text += f" (of up to {len(search.finalist_seeds)})"
+    return text
+
+
+def _anchor(tuning: Tuning, anchor: tuple[int, ...], lead: AnchorLead | None) -> str:
     if anchor not in tuning.searched:
         return f"{_short(tuning, anchor)}: not run"
-    regret = tuning.regret(anchor)
-    return f"{_short(tuning, anchor)}: {tuning.mean(anchor):.4f}; {regret.text(0.025) if regret else '-'}"
+    return f"{_short(tuning, anchor)}: {tuning.mean(anchor):.4f}; {lead.lead.text(ONE_SIDED_ALPHA) if lead else 'the own best'}"
 
 
 def _short(tuning: Tuning, point: tuple[int, ...]) -> str:
@@ -154,14 +161,19 @@ def _short(tuning: Tuning, point: tuple[int, ...]) -> str:
 
 
 def _tuned(tuning: Tuning) -> str:
-    """yes, or why not: points left, a dimension not bracketed, an anchor that beat the winner."""
+    """yes, or why not: runs left, a dimension not bracketed, an anchor ahead of the search."""
     if tuning.tuned:
         return "yes"
     if tuning.pending or tuning.pending_reruns:
         return f"no: {len(tuning.pending) + len(tuning.pending_reruns)} run(s) to go"
-    if tuning.beaten_by:
-        return f"no: an anchor beat the winner by {max(excess for _, excess in tuning.beaten_by):.4f}"
-    return "no: not bracketed"
+    if any(s not in TUNED_STATUSES for s in tuning.statuses.values()):
+        return "no: not bracketed"
+    margin = tuning.search.regret_margin
+    if ahead := [lead for lead in tuning.anchor_leads if lead.verdict == NOT_TUNED]:
+        return f"no: an anchor leads the search by more than {margin:g}, {ahead[0].lead.text(ONE_SIDED_ALPHA)}"
+    lead = next(lead for lead in tuning.anchor_leads if lead.verdict == UNDECIDED)
+    needed = f"; {lead.seeds_needed} seeds would resolve it" if lead.seeds_needed else "; one seed, no spread to test"
+    return f"undecided: an anchor leads the search by {lead.lead.value:.4f}, over {margin:g} but unresolved{needed}"
 
 
 #: The figures show losses up to this far above the winner's (diverged runs would flatten the rest).

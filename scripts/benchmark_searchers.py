@@ -16,12 +16,16 @@ more; the coordinate rule runs until it is done (bracketed). Columns:
 - ``regret, lowest observation``: the noise-free loss of the point with the lowest observed
   loss at the declared budget minus the grid optimum's, median and worst (the rule before
   finalists: one noisy run each);
-- ``regret, winner``: the same for the winner a study picks at the declared budget, after its
-  finalists (the surrogate's best, re-run with the anchors on the finalist seeds) where the
-  preset declares them: what a study then judges;
-- with ``--anchor-optimum`` (the grid optimum added to the anchors, the hardest regret check):
-  ``passed while 0.02 worse``: searches whose winner is at least 0.02 nats worse than an anchor
-  (noise-free) yet passes the regret check, by the rule before (one run each) and today's.
+- ``picked regret``: the same for the winner a study picks at the declared budget, after its
+  finalists and anchors ran on the finalist seeds (``study/selection.py``) where the preset
+  declares them: what a study then judges; with how many searches it is within the regret
+  margin of the optimum;
+- ``runs for the pick``: every run the search and its pick cost (median, worst);
+- ``tuned said wrongly``: searches the study calls ``tuned`` whose pick is more than the regret
+  margin above the optimum; beside it the verdicts (tuned / not tuned / undecided).
+
+``--anchor-optimum`` adds each surface's grid optimum to the anchors: a known point at the
+optimum, which the pick must not lose to another candidate.
 """
 
 import argparse
@@ -38,7 +42,8 @@ from benchmarks.searcher_surfaces import (
     run_search,
     surfaces,
 )
-from study.tuner import Tuning
+from study.selection import NOT_TUNED, TUNED, UNDECIDED
+from study.tuner import Search
 
 SEARCHERS = ("gp", "tpe", "random", "coordinate")
 #: Points past the declared budget a search may run, to count the runs it needed beyond it.
@@ -64,10 +69,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-#: A winner this much worse than an anchor (noise-free) must not pass the regret check.
-WORSE = 0.02
-
-
 def with_optimum_anchor(surface: Surface) -> Surface:
     return replace(surface, search=replace(surface.search, anchors=(*surface.search.anchors, surface.optimum_point())))
 
@@ -75,8 +76,8 @@ def with_optimum_anchor(surface: Surface) -> Surface:
 def measure(
     searcher: str, seeds: int, names: list[str] | None = None, args: argparse.Namespace | None = None
 ) -> dict[str, dict]:
-    """Per surface: the declared budget and, per seed, the runs to reach, the regrets and the
-    regret checks."""
+    """Per surface: the declared budget and, per seed, the runs to reach, the regrets, the runs
+    the pick cost and the study's verdict on the search."""
     args = args or parse_args([])
     rows: dict[str, dict] = {}
     for seed in range(seeds):
@@ -97,64 +98,65 @@ def measure(
                 surface.name,
                 {
                     "budget": budget,
-                    "finalists": surface.search.finalists,
+                    "search": surface.search,
                     "runs": [],
                     "observed": [],
                     "regret": [],
-                    "passed_before": 0,
-                    "passed": 0,
-                    "worse": 0,
+                    "cost": [],
+                    "verdicts": [],
                 },
             )
             row["runs"].append(trace.runs_to_reach(optimum + TOLERANCE))
             row["observed"].append(trace.winner_at(spent) - optimum)
             row["regret"].append(surface.true_loss(picked.winner) - optimum)
-            if surface.search.anchors:  # the regret check compares a winner with its anchors
-                count_regret_checks(row, surface, picked)
+            row["cost"].append(len(picked.results) + sum(len(seeds) for seeds in picked.reruns.values()))
+            row["verdicts"].append(picked.verdict)
             print(
-                f"{searcher} seed {seed} {surface.name}: reached after {row['runs'][-1]} runs, regret {row['regret'][-1]:.4f}"
+                f"{searcher} seed {seed} {surface.name}: reached after {row['runs'][-1]} runs, picked regret"
+                f" {row['regret'][-1]:.4f} after {row['cost'][-1]} runs, {picked.verdict}"
                 f" (lowest observation {row['observed'][-1]:.4f})",
                 flush=True,
             )
     return rows
 
 
-def count_regret_checks(row: dict, surface: Surface, picked: Tuning) -> None:
-    """Whether a winner at least ``WORSE`` worse than an anchor (noise-free) passed the regret
-    check, by the rule before finalists (one run each) and today's."""
-    anchor_best = min(surface.true_loss(a) for a in surface.search.anchors)
-    if surface.true_loss(picked.winner) >= anchor_best + WORSE:
-        row["worse"] += 1
-        row["passed"] += not picked.beaten_by
-    lowest = min((p for p in picked.own), key=lambda p: picked.results[p])
-    if surface.true_loss(lowest) >= anchor_best + WORSE:
-        row["passed_before"] += all(picked.results[a] >= picked.results[lowest] for a in surface.search.anchors)
+def _spent(searcher: str, search: Search) -> str:
+    """The budget as the table gives it: the points, and the finalists with their seeds."""
+    spent = "until bracketed" if searcher == "coordinate" else str(search.budget)
+    if search.finalists:
+        first = len(search.finalist_seeds) if search.finalist_first is None else search.finalist_first
+        sized = (
+            f"{first}-{len(search.finalist_seeds)} seeds" if first < len(search.finalist_seeds) else f"{first} seeds"
+        )
+        spent += f" + {search.finalists} finalists and {len(search.anchors)} anchors on {sized}"
+    return spent
 
 
-def table(found: dict[str, dict[str, dict]], anchor_optimum: bool = False) -> str:
-    extra = " passed while 0.02 worse (before, today) |" if anchor_optimum else ""
+def table(found: dict[str, dict[str, dict]]) -> str:
     lines = [
-        f"| surface | searcher | budget | reached within budget | runs to reach (median, worst) | regret, lowest observation (median, worst)"
-        f" | regret, winner (median, worst) |{extra}",
-        "|---|---|---|---|---|---|---|" + ("---|" if anchor_optimum else ""),
+        "| surface | searcher | budget | reached within budget | runs to reach (median, worst)"
+        " | regret, lowest observation (median, worst) | picked regret (median, worst; within margin)"
+        " | runs for the pick (median, worst) | tuned said wrongly (verdicts: tuned, not tuned, undecided) |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for name in next(iter(found.values())):
         for searcher, rows in found.items():
             row = rows[name]
-            budget = row["budget"]
+            budget, search = row["budget"], row["search"]
             runs = [r for r in row["runs"] if r is not None]
             within = sum(r is not None and (searcher == "coordinate" or r <= budget) for r in row["runs"])
             reach = f"{statistics.median(runs):g}, {max(runs)}" if runs else "never"
             if len(runs) < len(row["runs"]):
                 reach += f" ({len(row['runs']) - len(runs)} never)"
-            spent = "until bracketed" if searcher == "coordinate" else str(budget)
-            if row["finalists"]:
-                spent += f" + {row['finalists']} finalists"
-            observed = f"{statistics.median(row['observed']):.4f}, {max(row['observed']):.4f}"
-            regret = f"{statistics.median(row['regret']):.4f}, {max(row['regret']):.4f}"
-            checks = f" {row['passed_before']}, {row['passed']} of {row['worse']} |" if anchor_optimum else ""
+            margin = search.regret_margin
+            close = sum(r <= margin + 1e-12 for r in row["regret"])
+            wrong = sum(v == TUNED and r > margin + 1e-12 for v, r in zip(row["verdicts"], row["regret"]))
+            counts = ", ".join(str(row["verdicts"].count(v)) for v in (TUNED, NOT_TUNED, UNDECIDED))
             lines.append(
-                f"| {name} | {searcher} | {spent} | {within}/{len(row['runs'])} | {reach} | {observed} | {regret} |{checks}"
+                f"| {name} | {searcher} | {_spent(searcher, search)} | {within}/{len(row['runs'])} | {reach}"
+                f" | {statistics.median(row['observed']):.4f}, {max(row['observed']):.4f}"
+                f" | {statistics.median(row['regret']):.4f}, {max(row['regret']):.4f}; {close}/{len(row['regret'])}"
+                f" | {statistics.median(row['cost']):g}, {max(row['cost'])} | {wrong} ({counts}) |"
             )
     return "\n".join(lines)
 
@@ -163,7 +165,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     names = args.surfaces.split(",") if args.surfaces else None
     found = {searcher: measure(searcher, args.seeds, names, args) for searcher in args.searchers.split(",")}
-    text = f"Noise {NOISE} nats per run, tolerance {TOLERANCE} nats, {args.seeds} searcher seeds.\n\n{table(found, args.anchor_optimum)}\n"
+    text = f"Noise {NOISE} nats per run, tolerance {TOLERANCE} nats, {args.seeds} searcher seeds.\n\n{table(found)}\n"
     print(text)
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -10,7 +10,7 @@ The phases, each starting once the one before has nothing left:
 1. **tune**: every (base job, arm) search's pending points (``study/tuner.py``) on every
    tuning seed, then its finalists and anchors on the finalist seeds;
 2. **judge**: each tuned arm's winner on the judging seeds (an arm whose search is not tuned,
-   say an anchor beat its winner, is not judged; in a ladder with a held-out size its winner
+   say an anchor resolvably ahead of its search, is not judged; in a ladder with a held-out size its winner
    runs on the judging seeds all the same, for the loss law the prediction fits, and stays out
    of the claims). With ``study.seeds: {first: [...], max: N}``
    more seeds follow while a claim is unresolved (inconclusive or underpowered; in a ladder,

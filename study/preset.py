@@ -66,6 +66,7 @@ from study.claim_tests import BETTER, CONDITIONS, RETIRED, Condition
 from analysis.runs import parse_reduction
 from study.search_space import Dimension, SearchSpace, parse_anchors, parse_search
 from study.sequential import DEFAULT_SPENDING, SPENDING
+from study.selection import DEFAULT_REGRET_MARGIN
 from study.tuner import DEFAULT_ROUND_SIZE, DEFAULT_SEARCHER, SEARCHERS, Search
 from common.errors import ConfigError
 from common.overrides import override_key
@@ -178,7 +179,10 @@ class StudySpec:
         )
         searches = {}
         if any(dimensions.values()):
-            searches = {name: _search(name, node, dimensions[name], overrides[name], extras[name]) for name in arms}
+            reserved = {*tuning_seeds, *seeds}
+            searches = {
+                name: _search(name, node, dimensions[name], overrides[name], extras[name], reserved) for name in arms
+            }
             if not tuning_seeds:
                 raise ConfigError(
                     "study.tuning_seeds is missing: a study with a search needs the seeds it tunes on, e.g. [1], apart from study.seeds."
@@ -247,7 +251,12 @@ SEARCH_SETTINGS = ("searcher", "budget", "round_size", "search_seed", "finalists
 
 
 def _search(
-    name: str, node: dict, dimensions: dict[str, Dimension], overrides: list[str], own: dict[str, Any]
+    name: str,
+    node: dict,
+    dimensions: dict[str, Dimension],
+    overrides: list[str],
+    own: dict[str, Any],
+    reserved: set[int] = frozenset(),
 ) -> Search:
     """An arm's search from the study's settings and its own (``budget``, ``anchors``, ...)."""
     space = _space(name, dimensions, overrides)
@@ -277,7 +286,7 @@ def _search(
             f"{where['budget']}={budget} leaves no point to search beside the arm's {len(anchors)} anchor(s);"
             f" give at least {len(anchors) + 1}."
         )
-    count, finalist_seeds = _finalists(settings["finalists"], where["finalists"])
+    finalists = _finalists(settings["finalists"], where["finalists"], reserved)
     previous = settings["previous_size_anchor"]
     if previous is not None and not isinstance(previous, bool):
         raise ConfigError(
@@ -291,25 +300,57 @@ def _search(
         round_size or DEFAULT_ROUND_SIZE,
         seed or 0,
         anchors,
-        count,
-        finalist_seeds,
+        finalists.count,
+        finalists.seeds,
         bool(previous),
+        finalists.first,
+        finalists.margin,
     )
 
 
-def _finalists(node: Any, key: str) -> tuple[int, tuple[int, ...]]:
-    """``finalists: {count: 3, seeds: [21, 22]}``: how many of the best points (by the surrogate)
-    run again, on which seeds; none by default."""
+@dataclass(frozen=True)
+class Finalists:
+    """How an arm's winner is picked (``study/selection.py``): ``count`` best points by the
+    surrogate, run with the anchors on ``seeds``, the first ``first`` of them always (None: all)."""
+
+    count: int = 0
+    seeds: tuple[int, ...] = ()
+    first: int | None = None
+    margin: float = DEFAULT_REGRET_MARGIN
+
+
+FINALIST_EXAMPLE = "{count: 3, seeds: {first: [21, 22], max: 6}, margin: 0.005}"
+
+
+def _finalists(node: Any, key: str, reserved: set[int]) -> Finalists:
+    """``finalists: {count: 3, seeds: {first: [21, 22], max: 6}, margin: 0.005}``: how many of the
+    best points (by the surrogate) run again with the anchors; on the first seeds, then on as many
+    more (numbered on from the last, skipping tuning and judging seeds) as order two candidates
+    ``margin`` apart, up to ``max`` in all. ``seeds: [21, 22]`` runs those, no more. None by default."""
     if node is None:
-        return 0, ()
-    if not isinstance(node, dict) or set(node) != {"count", "seeds"}:
-        raise ConfigError(
-            f"{key} must be {{count: N, seeds: [...]}}, e.g. {{count: 3, seeds: [21, 22]}}; got {node!r}."
-        )
-    count = node["count"]
+        return Finalists()
+    if not isinstance(node, dict) or not {"count", "seeds"} <= set(node) <= {"count", "seeds", "margin"}:
+        raise ConfigError(f"{key} must be {FINALIST_EXAMPLE} (margin optional); got {node!r}.")
+    count, margin = node["count"], node.get("margin", DEFAULT_REGRET_MARGIN)
     if isinstance(count, bool) or not isinstance(count, int) or count < 1:
         raise ConfigError(f"{key}.count={count!r} must be a whole number >= 1: the best points that run again.")
-    return count, tuple(_seeds(node["seeds"], f"{key}.seeds"))
+    if isinstance(margin, bool) or not isinstance(margin, int | float) or not margin > 0:
+        raise ConfigError(
+            f"{key}.margin={margin!r} must be a number > 0: the regret (nats) the pick is sized to resolve."
+        )
+    seeds = node["seeds"]
+    if not isinstance(seeds, dict):
+        return Finalists(count, tuple(_seeds(seeds, f"{key}.seeds")), None, float(margin))
+    if set(seeds) != {"first", "max"}:
+        raise ConfigError(
+            f"{key}.seeds must be a list or {{first: [...], max: N}}, e.g. {FINALIST_EXAMPLE}; got {seeds!r}."
+        )
+    first, most = _seeds(seeds["first"], f"{key}.seeds.first"), seeds["max"]
+    if isinstance(most, bool) or not isinstance(most, int) or most < len(first):
+        raise ConfigError(f"{key}.seeds.max={most!r} must be a whole number >= the {len(first)} first seeds.")
+    taken = reserved | set(first)
+    more = [s for s in range(max(first) + 1, max(first) + 1 + most + len(taken)) if s not in taken]
+    return Finalists(count, (*first, *more[: most - len(first)]), len(first), float(margin))
 
 
 def _no_search_settings(node: dict, extras: dict[str, dict[str, Any]]) -> None:

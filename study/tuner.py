@@ -11,17 +11,21 @@ A tuned study searches each arm (``study/preset.py``) with one searcher, ``study
 Whatever the searcher, a search is a pure function of its results (point -> mean loss over
 the tuning seeds) and its seed, and the same rules judge it:
 
-- the **winner** is the best point the searcher chose itself (a NaN, a diverged run, is the
-  worst; ties go to the smallest indices), so anchors stay controls;
+- the **winner**: with finalists, the candidate (finalist or anchor) with the lowest mean over
+  the finalist seeds, the tuning seeds left out and the seeds sized to a regret margin
+  (``study/selection.py``); without them, the best point the searcher chose itself on the
+  tuning seeds (a NaN, a diverged run, is the worst; ties go to the smallest indices), the
+  anchors staying controls;
 - each dimension's **status**: ``bracketed`` (the winner has run points on both sides, for
   the coordinate rule its two grid neighbours at its other settings), ``at limit`` (a hard
   limit on the open side), ``all tried`` (a list, every value run) or ``not bracketed``
   (including a winner stopped by the extension guard or the span's margin rather than a hard
   limit: the loss may fall further beyond it);
-- the **regret check**: every anchor must end no lower than the winner on the tuning seeds;
-  an anchor that beats it means the search missed a known point of its own space;
-- **tuned** = nothing left to run, every dimension bracketed, at a limit or all tried, and no
-  anchor beating the winner. A claim on an arm that is not tuned is not judged.
+- the **regret test**: the search's own best against each anchor on the seeds the pick used
+  (``study/selection.py``): an anchor resolvably ahead by more than the margin makes the arm
+  ``not tuned``, ahead by more than the margin but unresolved ``undecided``;
+- **tuned** = nothing left to run, every dimension bracketed, at a limit or all tried, and the
+  regret test passed. A claim on an arm that is not tuned is not judged.
 """
 
 import math
@@ -29,13 +33,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from functools import cached_property
 
-from study.claim_tests import Estimate, Spread, paired
+from study.coordinate_search import TUNED as TUNED_STATUSES
 from study.coordinate_search import (
     ALL_TRIED,
     AT_LIMIT,
     BRACKETED,
     NOT_BRACKETED,
-    TUNED,
     incumbent,
     loss_key,
     own_points,
@@ -45,6 +48,16 @@ from study.coordinate_search import (
 from study.joint_search import SAMPLERS, replay
 from study.search_record import SearchRecord
 from study.search_space import Choice, Point, Range, SearchSpace
+from study.selection import (
+    DEFAULT_REGRET_MARGIN,
+    NOT_TUNED,
+    TUNED,
+    UNDECIDED,
+    AnchorLead,
+    anchor_lead,
+    finalist_seed_count,
+    pick,
+)
 from study.surrogate import posterior_mean
 
 SEARCHERS = (*SAMPLERS, "coordinate")
@@ -69,10 +82,17 @@ class Search:
     round_size: int = DEFAULT_ROUND_SIZE
     seed: int = 0
     anchors: tuple[Point, ...] = ()
-    #: How many of the best points (by the surrogate's mean) run again on ``finalist_seeds``.
+    #: How many of the best points (by the surrogate's mean) run again, with the anchors, on ``finalist_seeds``.
     finalists: int = 0
+    #: The seeds the finalists and anchors may run, in order: the first ``finalist_first`` always,
+    #: then as many as the spread measured on those asks (``study/selection.py``).
     finalist_seeds: tuple[int, ...] = ()
     previous_size_anchor: bool = False
+    #: The finalist seeds every candidate runs before the spread is measured (None: all of them).
+    finalist_first: int | None = None
+    #: A candidate this much worse than the best (nats) is a miss: what the finalist seeds are
+    #: sized to avoid and the regret test's margin.
+    regret_margin: float = DEFAULT_REGRET_MARGIN
 
 
 #: The pairing unit of a point's mean over the tuning seeds (one value, every point the same seeds).
@@ -138,8 +158,8 @@ class Tuning:
 
     @cached_property
     def finalists(self) -> tuple[Point, ...]:
-        """The points the winner is picked from: without finalists every own point; with them,
-        once the search is over, the ``count`` own points of lowest surrogate mean (ties: the
+        """The own points that run again: without finalists every own point; with them, once
+        the search is over, the ``count`` own points of lowest surrogate mean (ties: the
         smallest indices)."""
         if not self.search.finalists:
             return tuple(self.own)
@@ -150,36 +170,75 @@ class Tuning:
         ranked = sorted(zip(means, points), key=lambda pair: (loss_key(pair[0]), pair[1]))
         return tuple(point for _, point in ranked[: self.search.finalists])
 
+    @cached_property
+    def candidates(self) -> tuple[Point, ...]:
+        """The points the winner is picked from on the finalist seeds, on equal terms: the
+        finalists and the anchors that ran (none in a search without finalists)."""
+        if not self.search.finalists or not self.finalists:
+            return ()
+        return tuple(dict.fromkeys([*self.finalists, *(a for a in self.search.anchors if a in self.searched)]))
+
+    @cached_property
+    def finalist_seed_count(self) -> int | None:
+        """How many finalist seeds the candidates run (``study/selection.py``); None until every
+        candidate ran the first ones."""
+        seeds = self.search.finalist_seeds
+        first = len(seeds) if self.search.finalist_first is None else self.search.finalist_first
+        runs = {p: self.reruns.get(p, {}) for p in self.candidates}
+        return finalist_seed_count(runs, seeds, first, self.search.regret_margin)
+
     @property
     def pending_reruns(self) -> list[tuple[Point, int]]:
-        """The (point, finalist seed) runs still missing: every finalist's and anchor's."""
-        points = (
-            [*self.finalists, *(a for a in self.search.anchors if a in self.searched)] if self.search.finalists else []
-        )
-        return [
-            (p, seed)
-            for p in dict.fromkeys(points)
-            for seed in self.search.finalist_seeds
-            if seed not in self.reruns.get(p, {})
-        ]
+        """The (candidate, finalist seed) runs still missing: the first seeds, then those the spread asks."""
+        seeds = self.search.finalist_seeds
+        count = self.finalist_seed_count
+        if count is None:
+            count = len(seeds) if self.search.finalist_first is None else self.search.finalist_first
+        return [(p, s) for p in self.candidates for s in seeds[:count] if s not in self.reruns.get(p, {})]
+
+    @cached_property
+    def selection_seeds(self) -> tuple[int, ...]:
+        """The finalist seeds every candidate ran: the seeds that vote (never the tuning seeds,
+        which proposed the finalists)."""
+        if not self.candidates:
+            return ()
+        return tuple(s for s in self.search.finalist_seeds if all(s in self.reruns.get(p, {}) for p in self.candidates))
 
     def losses(self, point: Point) -> dict[int, float]:
         """A point's losses by pairing unit: its tuning seeds' mean, then each finalist seed."""
         return {TUNING_SEEDS: self.results[point], **self.reruns.get(point, {})} if point in self.results else {}
 
+    def votes(self, point: Point) -> dict[int, float]:
+        """A point's losses on the seeds the pick uses: the finalist seeds every candidate ran,
+        or, before (or without) them, its tuning seeds' mean."""
+        if self.selection_seeds and point in self.candidates:
+            return {s: self.reruns[point][s] for s in self.selection_seeds}
+        return {TUNING_SEEDS: self.results[point]} if point in self.results else {}
+
     def mean(self, point: Point) -> float:
-        """A point's mean loss over every seed it ran (a diverged run's NaN makes it NaN)."""
-        values = list(self.losses(point).values())
+        """A point's mean loss over the seeds the pick uses (a diverged run's NaN makes it NaN)."""
+        values = list(self.votes(point).values())
         return sum(values) / len(values) if values else math.nan
 
     @cached_property
     def winner(self) -> Point | None:
-        """The finalist with the lowest mean over its seeds, the provisional best own point while
-        the search runs (None before any ran; an arm that searches nothing has one setting)."""
+        """The candidate with the lowest mean over the finalist seeds; before they ran (or
+        without finalists) the best own point on the tuning seeds (None before any ran; an arm
+        that searches nothing has one setting)."""
         if not self.space.dimensions:
             return ()
-        candidates = self.finalists or tuple(self.own)
-        return incumbent({p: self.mean(p) for p in candidates}) if candidates else None
+        if self.selection_seeds:
+            return pick({p: self.votes(p) for p in self.candidates}, self.selection_seeds)
+        own = self.finalists or tuple(self.own)
+        return incumbent({p: self.results[p] for p in own}) if own else None
+
+    @cached_property
+    def own_best(self) -> Point | None:
+        """The search's own best point: the winner, or the best finalist where an anchor won."""
+        if self.winner is None or self.winner in self.own or not self.selection_seeds:
+            return self.winner
+        own = [p for p in self.candidates if p in self.own]
+        return pick({p: self.votes(p) for p in own}, self.selection_seeds) if own else None
 
     @cached_property
     def statuses(self) -> dict[str, str]:
@@ -202,7 +261,7 @@ class Tuning:
         }
         if all(index is not None for index in nearest.values()):
             sides = tuple(nearest.values())
-            rises = rises_on_both_sides(self.space, self.searched, best, axis, sides, self.losses)
+            rises = rises_on_both_sides(self.space, self.searched, best, axis, sides, self.votes)
             return BRACKETED if rises else NOT_BRACKETED
         open_sides = [direction for direction, index in nearest.items() if index is None]
         edge = [
@@ -211,32 +270,18 @@ class Tuning:
         ]
         return AT_LIMIT if all(edge) else NOT_BRACKETED
 
-    def regret(self, anchor: Point) -> Estimate | None:
-        """The winner's loss minus the anchor's, paired over the seeds both ran (None: not both ran)."""
-        best = self.winner
-        if best is None or anchor not in self.searched:
-            return None
-        mine, theirs = self.losses(best), self.losses(anchor)
-        shared = sorted(set(mine) & set(theirs))
-        if len(shared) == 1:
-            return Estimate("difference", mine[shared[0]] - theirs[shared[0]])
-        return paired(
-            Spread(tuple(mine[s] for s in shared), tuple(shared)),
-            Spread(tuple(theirs[s] for s in shared), tuple(shared)),
-            "difference",
-        )
-
-    @property
-    def beaten_by(self) -> list[tuple[Point, float]]:
-        """The anchors whose mean over the seeds they share with the winner is lower (with the
-        winner's excess): the regret check."""
-        if self.winner is None or not self.space.dimensions:
+    @cached_property
+    def anchor_leads(self) -> list[AnchorLead]:
+        """The regret test of every anchor that ran against the search's own best point, on the
+        seeds the pick uses (``study/selection.py``)."""
+        best = self.own_best
+        if best is None or not self.space.dimensions:
             return []
-        found = [(a, self.regret(a)) for a in self.search.anchors]
+        margin = self.search.regret_margin
         return [
-            (a, r.value)
-            for a, r in found
-            if r is not None and (r.value > 0 or math.isnan(r.value) and not math.isnan(self.mean(a)))
+            anchor_lead(self.votes(best), self.votes(a), a, margin)
+            for a in self.search.anchors
+            if a in self.searched and a != best
         ]
 
     @property
@@ -245,14 +290,19 @@ class Tuning:
         return not self.pending and not self.pending_reruns
 
     @property
+    def verdict(self) -> str:
+        """``tuned``, ``not tuned`` (runs left, a dimension not tuned, or an anchor resolvably
+        ahead of the search by more than the margin) or ``undecided`` (an anchor ahead by more
+        than the margin, unresolved)."""
+        if self.winner is None or not self.over or any(s not in TUNED_STATUSES for s in self.statuses.values()):
+            return NOT_TUNED
+        found = {lead.verdict for lead in self.anchor_leads}
+        return NOT_TUNED if NOT_TUNED in found else UNDECIDED if UNDECIDED in found else TUNED
+
+    @property
     def tuned(self) -> bool:
-        """Nothing left to run, every dimension tuned, no anchor better than the winner."""
-        return (
-            self.winner is not None
-            and self.over
-            and all(s in TUNED for s in self.statuses.values())
-            and not self.beaten_by
-        )
+        """Nothing left to run, every dimension tuned, and the regret test passed."""
+        return self.verdict == TUNED
 
 
 def rises_on_both_sides(

@@ -378,7 +378,7 @@ def test_the_ladder_report_fits_each_searched_setting_and_draws_it(tmp_path: Pat
     result = ladder(["report", str(sweep), "--out", str(tmp_path / "out")])
     assert result.returncode == 0, result.stderr[-2000:]
     (search,) = [line for line in result.stdout.splitlines() if line.startswith("| dp | gp")]
-    assert "| 2 | optimizer.lr=0.008 | 2.0000 | lr: not bracketed |" in search, search
+    assert "| 2 | optimizer.lr=0.008 | 2.0000 (tuning seeds) | lr: not bracketed |" in search, search
     sizes = [
         count_parameters(
             LlamaSettings(

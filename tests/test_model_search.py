@@ -11,6 +11,7 @@ import pytest
 from study.coordinate_search import AT_LIMIT, BRACKETED, NOT_BRACKETED
 from study.joint_search import forget_asked_rounds
 from study.search_space import MAX_EXTENSION, Choice, Range, SearchSpace, parse_anchors
+from study.selection import TUNED, UNDECIDED
 from study.tuner import Search, Tuning, rises_on_both_sides
 from common.errors import ConfigError
 
@@ -108,9 +109,11 @@ def test_an_anchor_that_beats_the_winner_makes_the_arm_not_tuned() -> None:
     tuning = Tuning(search, results)
     # The budget is spent (4 points); the rule's own best is 4e-3, bracketed on one side only.
     assert tuning.pending == [] and tuning.winner == (2,)
-    assert tuning.beaten_by == [(anchor, pytest.approx(0.1))] and not tuning.tuned  # the winner is 0.1 worse
+    # One tuning seed: a lead of 0.1 with no spread to test it, more than the margin: undecided.
+    (lead,) = tuning.anchor_leads
+    assert lead.lead.value == pytest.approx(0.1) and lead.verdict == UNDECIDED and not tuning.tuned
     fair = Tuning(search, {**results, anchor: 1.85})
-    assert fair.beaten_by == [] and fair.winner == (2,)
+    assert [lead.verdict for lead in fair.anchor_leads] == [TUNED] and fair.winner == (2,)
 
 
 def test_a_winner_at_the_extension_guard_is_not_bracketed_but_one_at_a_hard_limit_is_at_limit() -> None:

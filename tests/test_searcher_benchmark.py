@@ -16,7 +16,8 @@ def test_the_ladder_preset_gives_its_arm_s_space_budget_and_anchor() -> None:
         "technique.diloco.outer_lr",
         "technique.diloco.sync_every",
     ]
-    assert search.budget == 24 and search.finalists == 2 and search.finalist_seeds == (21,)
+    assert search.budget == 24 and search.finalists == 2 and search.finalist_seeds == (21, 22, 23, 24)
+    assert search.finalist_first == 2 and search.regret_margin == 0.005
     assert search.previous_size_anchor and search.space.labels(search.anchors[0]) == {
         "optimizer.lr": "0.004",
         "technique.diloco.outer_lr": "0.707107",

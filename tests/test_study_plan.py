@@ -10,6 +10,7 @@ import pytest
 from scipy import stats
 
 from study.preset import StudySpec
+from study.selection import UNDECIDED
 
 from study.verdicts import UNDERPOWERED, judge_claim
 
@@ -94,7 +95,7 @@ def test_an_arm_whose_anchor_beats_its_winner_is_not_judged() -> None:
         for job in jobs:  # other's anchor (1e-3, point 0) is far better than anything else
             plan.record(job, {"val/loss": 1.0 if (job.arm, job.point) == ("other", (0,)) else tune_loss(job)})
     tuning = plan.tuning(0, "other")
-    assert tuning.beaten_by and not tuning.tuned
+    assert [lead.verdict for lead in tuning.anchor_leads] == [UNDECIDED] and not tuning.tuned
     assert {job.arm for job in plan.next_round()} == {"base"}
 
 
