@@ -6,11 +6,15 @@ Two kinds of test, each named in its verdict line:
 - **fit** claims are judged on the memory plan at the device memory given (the plan the run
   logs, checked against measured bytes in the tests): they hold or fail on the plan, and say
   so; a table measured on GPUs puts the measured peaks beside it.
-- **speed** claims compare per-step token rates over the timed steps: a layout beats
-  another when its slowest timed step is faster than the other's fastest (the ranges do not
-  overlap); the claim fails when the reverse holds, and is inconclusive when the ranges
-  overlap. A comparison of ranges, not a statistical test: it says how far the timing noise
-  of this machine lets the table decide.
+- **speed** claims are superiority tests on paired ratios (``study/claim_tests.py``): every
+  layout runs once per repeat, the repeats interleaved (repeat 1 of every layout, then repeat
+  2, ...), so a change in the machine's load falls on every layout of a repeat alike; a
+  repeat's rate is the median of its timed steps, and the ratio of two layouts' rates is
+  taken repeat by repeat. A layout is faster when the lower end of the ratio's 95% interval
+  (a one-sided t-test at 2.5% over the repeats) lies above 1, slower when the upper end lies
+  below 1; otherwise the claim is inconclusive, and where the test could not even resolve a
+  ``SPEED_MARGIN`` difference at this noise the verdict says so: the load's noise is larger
+  than the effect the claim is about.
 """
 
 import statistics
@@ -18,6 +22,12 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from benchmarks.layout_space import Planned
+from study.claim_tests import Condition, Estimate, Spread, paired, resolvable, verdict
+
+#: The smallest speed difference (a ratio) a speed claim is about: 5%.
+SPEED_MARGIN = 1.05
+FASTER = Condition("ratio_higher_than", 1.0)
+SPEED_TEST = "superiority on the paired ratio of rates over interleaved repeats, one-sided t-test at 2.5%"
 
 
 @dataclass(frozen=True)
@@ -29,19 +39,32 @@ class Verdict:
 
 
 def rate_range(entry: Planned) -> tuple[float, float, float]:
-    """(slowest, median, fastest) per-step tokens/s of a measured layout."""
+    """(slowest, median, fastest) per-step tokens/s of a measured layout, over every repeat."""
     rates = entry.measured["rates"]
     return min(rates), statistics.median(rates), max(rates)
 
 
-def faster(left: Planned, right: Planned) -> str:
-    """'holds' if ``left`` is faster beyond the ranges, 'fails' if slower, else 'inconclusive'."""
-    (left_low, _, left_high), (right_low, _, right_high) = rate_range(left), rate_range(right)
-    if left_low > right_high:
-        return "holds"
-    if left_high < right_low:
-        return "fails"
-    return "inconclusive"
+def repeat_rates(entry: Planned) -> Spread:
+    """A measured layout's rate per repeat (the median of each repeat's timed steps), by repeat."""
+    rates = entry.measured.get("repeats") or [statistics.median(entry.measured["rates"])]
+    return Spread(tuple(rates), tuple(range(len(rates))))
+
+
+def speed_verdict(ratio: Estimate | None) -> tuple[str, str]:
+    """holds / fails / inconclusive for "faster" on a paired ratio, and the ratio in words."""
+    if ratio is None:
+        return "inconclusive", "one repeat: no spread to test with (give --repeats 3 or more)"
+    found = verdict(ratio, FASTER)
+    text = f"ratio {ratio.text(0.025)} over {ratio.df + 1} repeats"
+    reach = resolvable(ratio, FASTER)
+    if found == "inconclusive" and (reach is None or reach > SPEED_MARGIN - 1):
+        text += f"; the noise resolves only +-{reach:.1%}, more than the {SPEED_MARGIN - 1:.0%} margin" if reach else ""
+    return found, text
+
+
+def faster(left: Planned, right: Planned) -> tuple[str, str]:
+    """Whether ``left`` is faster than ``right``: the superiority test on their paired ratio."""
+    return speed_verdict(paired(repeat_rates(left), repeat_rates(right), "ratio"))
 
 
 def measured(entries: Iterable[Planned]) -> list[Planned]:
@@ -61,15 +84,16 @@ def describe(entry: Planned) -> str:
 
 def micro_batch_one_is_most_efficient(entries: list[Planned]) -> Verdict:
     """The fastest layout at micro-batch 1 against the fastest at any larger micro-batch."""
-    claim, test = "micro-batch 1 is the most efficient", "speed: the fastest layout at each micro-batch"
+    claim, test = "micro-batch 1 is the most efficient", f"speed, the fastest layout at each micro-batch: {SPEED_TEST}"
     runs = measured(entries)
     ones = [entry for entry in runs if entry.layout.micro_batch == 1]
     larger = [entry for entry in runs if entry.layout.micro_batch > 1]
     if not ones or not larger:
         return Verdict(claim, test, "not run", "needs measured layouts at micro-batch 1 and above")
-    best_one = max(ones, key=lambda entry: rate_range(entry)[1])
-    best_larger = max(larger, key=lambda entry: rate_range(entry)[1])
-    return Verdict(claim, test, faster(best_one, best_larger), f"{describe(best_one)} vs {describe(best_larger)}")
+    best_one = max(ones, key=lambda entry: repeat_rates(entry).mean)
+    best_larger = max(larger, key=lambda entry: repeat_rates(entry).mean)
+    found, ratio = faster(best_one, best_larger)
+    return Verdict(claim, test, found, f"{describe(best_one)} vs {describe(best_larger)}: {ratio}")
 
 
 def larger_micro_batches_need_checkpointing_or_model_parallelism(entries: list[Planned]) -> Verdict:
@@ -99,7 +123,7 @@ def larger_micro_batches_lengthen_the_bubble(entries: list[Planned]) -> Verdict:
     rate relative to the data-parallel layout on the same devices at the same micro-batch
     (the pipeline's efficiency) is lower at the largest micro-batch than at the smallest."""
     claim = "larger micro-batches lengthen the pipeline bubble (fewer micro-batches per step)"
-    test = "speed: a pipeline's rate over data parallelism's, smallest against largest micro-batch"
+    test = f"speed, a pipeline's rate over data parallelism's at the smallest against the largest micro-batch: {SPEED_TEST}"
     runs = measured(entries)
     groups: dict[tuple, list[Planned]] = {}
     for entry in runs:
@@ -122,14 +146,14 @@ def larger_micro_batches_lengthen_the_bubble(entries: list[Planned]) -> Verdict:
             continue
         with_baseline.sort(key=lambda pair: pair[0].layout.micro_batch)
         (small, small_base), (large, large_base) = with_baseline[0], with_baseline[-1]
-        small_low, small_high = efficiency_range(small, small_base)
-        large_low, large_high = efficiency_range(large, large_base)
-        found.append("holds" if small_low > large_high else "fails" if small_high < large_low else "inconclusive")
+        small_share, large_share = efficiency(small, small_base), efficiency(large, large_base)
+        result, ratio = speed_verdict(paired(small_share, large_share, "ratio"))
+        found.append(result)
         sp = " SP" if key[4] else ""
         evidence.append(
             f"D{key[0]} T{key[1]}{sp} P{key[2]} {key[5]} ckpt {key[3]}: micro-batch {small.layout.micro_batch}"
-            f" {small_low:.2f}-{small_high:.2f} of data parallelism, micro-batch {large.layout.micro_batch}"
-            f" {large_low:.2f}-{large_high:.2f}"
+            f" {small_share.mean:.2f} of data parallelism, micro-batch {large.layout.micro_batch}"
+            f" {large_share.mean:.2f}: {ratio}"
         )
     if not found:
         return Verdict(claim, test, "not run", "no pipelined layout measured at two micro-batches with its baseline")
@@ -151,10 +175,11 @@ def baseline(entry: Planned, runs: list[Planned]) -> Planned | None:
     return None
 
 
-def efficiency_range(entry: Planned, base: Planned) -> tuple[float, float]:
-    low, _, high = rate_range(entry)
-    base_low, _, base_high = rate_range(base)
-    return low / base_high, high / base_low
+def efficiency(entry: Planned, base: Planned) -> Spread:
+    """A layout's rate over its data-parallel baseline's, repeat by repeat."""
+    mine, theirs = repeat_rates(entry).by_seed(), repeat_rates(base).by_seed()
+    shared = sorted(set(mine) & set(theirs))
+    return Spread(tuple(mine[r] / theirs[r] for r in shared), tuple(shared))
 
 
 def sequence_parallelism_changes_what_fits(entries: list[Planned]) -> Verdict:

@@ -3,10 +3,11 @@ of devices and a device memory, every layout of data x tensor x pipeline paralle
 micro-batch, activation checkpointing, sequence parallelism and pipeline schedule; the
 memory plan drops those that cannot fit (each said, with its plan), the survivors train a
 few timed steps each, and one table and the paper's recommendations as claims with
-verdicts are printed (and written to ``--out``).
+verdicts are printed (and written to ``--out``). Every layout runs ``--repeats`` times, the
+repeats interleaved, so the speed claims compare paired ratios (``benchmarks/layout_claims.py``).
 
     # CPU: 4 gloo processes, the tiny model (the table in docs/results.md)
-    python scripts/layouts_ablation.py --devices 4 --device-memory-gib 0.1 --micro-batches 1,4 \\
+    python scripts/layouts_ablation.py --devices 4 --device-memory-gib 0.045 --micro-batches 1,4 --repeats 3 \\
         --hardware "CPU, 4 gloo processes" -- model=tiny trainer.accelerator=cpu data.seq_len=128
     # GPUs: Llama-2 13B at 2,048 tokens on 8 GPUs of 80 GiB (docs/gpu_benchmark.md)
     python scripts/layouts_ablation.py --devices 8 --device-memory-gib 80 --global-batch 64 \\
@@ -19,6 +20,7 @@ before any run starts.
 
 import argparse
 import shlex
+import statistics
 import sys
 from pathlib import Path
 
@@ -35,7 +37,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--global-batch", type=int, default=16, help="sequences per optimizer step (fixed)")
     parser.add_argument("--micro-batches", default="1,2,4", help="comma-separated micro-batch sizes")
     parser.add_argument("--checkpointing", default="none,full", help="activation checkpointing modes, comma-separated")
-    parser.add_argument("--steps", type=int, default=4, help="timed steps per layout")
+    parser.add_argument("--steps", type=int, default=4, help="timed steps per layout and repeat")
+    parser.add_argument(
+        "--repeats", type=int, default=3, help="runs of every layout, interleaved (the speed claims' paired samples)"
+    )
     parser.add_argument("--warmup", type=int, default=2, help="untimed steps before them")
     parser.add_argument("--peak-flops", type=float, default=None, help="per device, for MFU on a CPU")
     parser.add_argument("--hardware", required=True, help="what the table was measured on, for its title")
@@ -45,6 +50,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.devices < 1:
         parser.exit(2, f"error: --devices={args.devices} must be at least 1.\n")
+    if args.repeats < 1:
+        parser.exit(
+            2, f"error: --repeats={args.repeats} must be at least 1 (3 or more let the speed claims be tested).\n"
+        )
     sizes = args.micro_batches.split(",")
     if not all(size.isdigit() and int(size) > 0 for size in sizes):
         parser.exit(2, f"error: --micro-batches={args.micro_batches} must be positive integers, e.g. 1,2,4.\n")
@@ -68,13 +77,22 @@ def refuse_empty(planned: list[Planned], device_gib: float) -> None:
 
 
 def run(entry: Planned, args: argparse.Namespace) -> None:
+    """One more repeat of a layout: its timed steps' rates join the others', its median is the
+    repeat's rate; a layout that failed once is not run again."""
+    if entry.measured.get("status", "ok") != "ok":
+        return
     peak = [f"callbacks.throughput.peak_flops_per_device={args.peak_flops}"] if args.peak_flops else []
     try:
         result = processes_run([*entry.overrides, *peak], args.steps, args.warmup, every_step=True)
     except RuntimeError as error:
         entry.measured = {"status": str(error)}
         return
-    entry.measured = {"rates": result.rates, "mfu": result.mfu, "peak_gib": result.peak_memory_gb, "status": "ok"}
+    measured = entry.measured
+    measured["rates"] = [*measured.get("rates", []), *result.rates]
+    measured["repeats"] = [*measured.get("repeats", []), statistics.median(result.rates)]
+    measured.update(
+        mfu=result.mfu, peak_gib=max(result.peak_memory_gb or 0.0, measured.get("peak_gib", 0.0)), status="ok"
+    )
 
 
 def row(entry: Planned, global_batch: int) -> str:
@@ -114,7 +132,8 @@ def report(planned: list[Planned], args: argparse.Namespace) -> str:
         "",
         (
             f"{args.devices} devices of {args.device_memory_gib:g} GiB, global batch {args.global_batch} sequences,"
-            f" {args.steps} timed steps after {args.warmup}; plan: the memory plan per device (the rank that needs"
+            f" {args.repeats} interleaved repeats of {args.steps} timed steps after {args.warmup} (tokens/s: the median of"
+            " every timed step, the range of them all); plan: the memory plan per device (the rank that needs"
             " the most); peak: the measured peak of rank 0 (on a CPU its resident memory, process overhead included)."
         ),
         "",
@@ -140,13 +159,15 @@ def main(argv: list[str]) -> None:
     for entry in planned:
         if entry.refused:
             print(f"left out: {row(entry, args.global_batch)}", flush=True)
-    for entry in planned:
-        if entry.refused is None:
-            if not args.plan_only:
-                run(entry, args)
-            print(row(entry, args.global_batch), flush=True)
+    fitting = [entry for entry in planned if entry.refused is None]
     if args.plan_only:
+        for entry in fitting:
+            print(row(entry, args.global_batch), flush=True)
         return
+    for repeat in range(args.repeats):  # interleaved: a drift in the machine's load falls on every layout alike
+        for entry in fitting:
+            run(entry, args)
+            print(f"repeat {repeat + 1}/{args.repeats}: {row(entry, args.global_batch)}", flush=True)
     text = report(planned, args)
     print(text)
     if args.out is not None:

@@ -39,11 +39,12 @@ def test_the_bubble_is_p_minus_1_over_m_plus_p_minus_1_shorter_when_interleaved(
 
 
 def entry(micro=1, rates=(), refused=None, data=4, tensor=1, pipeline=1, checkpointing="none", sp=False, plan=1.0):
+    """A layout; ``rates``: its rate in each interleaved repeat (each repeat one timed step here)."""
     schedule = "1f1b" if pipeline > 1 else "-"
     layout = Layout(data, tensor, pipeline, micro, checkpointing, sp, schedule)
     planned = Planned(layout, [], plan_gib=plan, refused=refused)
     if rates:
-        planned.measured = {"rates": list(rates)}
+        planned.measured = {"rates": list(rates), "repeats": list(rates)}
     return planned
 
 
@@ -52,12 +53,30 @@ def entry(micro=1, rates=(), refused=None, data=4, tensor=1, pipeline=1, checkpo
     [
         ((10, 11, 12), (7, 8, 9), "holds"),
         ((7, 8, 9), (10, 11, 12), "fails"),
-        ((8, 10, 12), (9, 11, 13), "inconclusive"),
+        ((10, 8, 12), (9, 11, 10), "inconclusive"),
+        # The machine's load tripled between repeats, on both layouts alike: the ranges overlap,
+        # the paired ratios (1.11, 1.10, 1.12) do not move.
+        ((10, 20, 30), (9, 18.2, 26.8), "holds"),
     ],
 )
-def test_micro_batch_one_wins_only_when_its_slowest_step_beats_the_other_s_fastest(one, larger, verdict):
+def test_micro_batch_one_is_faster_when_the_paired_ratio_s_one_sided_test_says_so(one, larger, verdict):
+    from scipy import stats
+
     table = [entry(1, one), entry(4, larger), entry(4, (1, 2, 3))]
-    assert micro_batch_one_is_most_efficient(table).verdict == verdict
+    ratios = [a / b for a, b in zip(one, larger)]
+    greater = stats.ttest_1samp(ratios, 1.0, alternative="greater").pvalue
+    less = stats.ttest_1samp(ratios, 1.0, alternative="less").pvalue
+    expected = "holds" if greater < 0.025 else "fails" if less < 0.025 else "inconclusive"
+    assert expected == verdict
+    found = micro_batch_one_is_most_efficient(table)
+    assert found.verdict == verdict and "one-sided t-test at 2.5%" in found.test, found
+
+
+def test_a_speed_claim_on_one_repeat_or_noise_above_the_margin_says_so():
+    one_repeat = micro_batch_one_is_most_efficient([entry(1, (10,)), entry(4, (9,))])
+    assert one_repeat.verdict == "inconclusive" and "one repeat" in one_repeat.evidence
+    noisy = micro_batch_one_is_most_efficient([entry(1, (10, 8, 12)), entry(4, (9, 11, 10))])
+    assert noisy.verdict == "inconclusive" and "more than the 5% margin" in noisy.evidence, noisy.evidence
 
 
 def test_larger_micro_batches_need_help_when_plain_data_parallelism_does_not_fit():
@@ -136,7 +155,7 @@ def test_the_plan_leaves_out_layouts_the_run_refuses_and_those_that_do_not_fit(t
 def test_the_survivors_train_and_the_table_and_claims_are_written(tmp_path):
     result = ablation(
         "--devices", "1", "--device-memory-gib", "1", "--micro-batches", "1", "--checkpointing", "full",
-        "--steps", "1", "--warmup", "1",
+        "--steps", "1", "--warmup", "1", "--repeats", "1",
         "--hardware", "CPU, 1 process", "--out", str(tmp_path), "--", *TINY_CPU, "model.n_layers=2",
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-2000:]
@@ -145,5 +164,25 @@ def test_the_survivors_train_and_the_table_and_claims_are_written(tmp_path):
     assert len(rows) == 1 and rows[0].endswith("| ok |") and "| full |" in rows[0]
     assert "## Layouts ablation: CPU, 1 process" in table
     assert (
-        "| micro-batch 1 is the most efficient | speed: the fastest layout at each micro-batch | **not run** |" in table
+        "| micro-batch 1 is the most efficient | speed, the fastest layout at each micro-batch: superiority on the"
+        " paired ratio of rates over interleaved repeats, one-sided t-test at 2.5% | **not run** |" in table
     )
+
+
+def test_the_repeats_are_interleaved_so_a_change_of_load_falls_on_every_layout_alike(monkeypatch, tmp_path):
+    """Repeat 1 of every layout, then repeat 2: the order the speed claims' pairing assumes."""
+    import scripts.layouts_ablation as script
+
+    order = []
+
+    def fake_run(entry, args):
+        order.append(entry.layout)
+        entry.measured = {"rates": [1.0], "repeats": [1.0], "mfu": None, "peak_gib": 0.5, "status": "ok"}
+
+    monkeypatch.setattr(script, "run", fake_run)
+    script.main(
+        ["--devices", "2", "--device-memory-gib", "1", "--micro-batches", "1", "--checkpointing", "none",
+         "--repeats", "2", "--hardware", "CPU", "--out", str(tmp_path), "--", *TINY_CPU]
+    )  # fmt: skip
+    layouts = list(dict.fromkeys(order))
+    assert len(layouts) >= 2 and order == layouts * 2
