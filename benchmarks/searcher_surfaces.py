@@ -10,6 +10,10 @@ picks by its true loss:
   depends on that ratio and the best momentum is 0 (the identity outer step won the last
   study), while a search started at Nesterov 0.9 finds a ridge point first;
   both at the curvature measured in the DiLoCo study and at a flatter one (``Curvature``);
+- ``outer ridge (optimum at the identity anchor)``: the measured ridge moved so that its
+  optimum is the presets' identity anchor (inner LR 2e-3, outer LR 1, no momentum, H 10):
+  the searcher's own points must compete with an anchor it did not choose (only on searches
+  with that anchor);
 - ``lr x batch``: the best LR grows linearly with the batch (the linear scaling rule) and the
   loss prefers small batches at a fixed token budget: a diagonal valley;
 - ``plateau``: where DiLoCo without outer momentum reduces to AdamW (H = 1; one replica at
@@ -138,26 +142,33 @@ def bowl(curvature: Curvature) -> Callable[[dict[str, str]], float]:
     return loss
 
 
-def outer_ridge(curvature: Curvature) -> Callable[[dict[str, str]], float]:
-    """The outer step acts as lr / (1 - momentum), best at 1.41; momentum costs 0.03 per unit,
-    so the best point is momentum 0 at outer LR 1.41 (inner LR 1e-3, H 30), while Nesterov 0.9
-    at outer LR 0.14 lies on the ridge 0.027 higher."""
-
-    best_step = 1.41  # at momentum 0, the outer LR
+def outer_ridge(
+    curvature: Curvature, best_lr: float = 1e-3, best_step: float = 1.41, best_h: float = BEST_H
+) -> Callable[[dict[str, str]], float]:
+    """The outer step acts as lr / (1 - momentum), best at ``best_step`` (1.41); momentum costs
+    0.03 per unit, so the best point is momentum 0 at that outer LR (inner LR 1e-3, H 30), while
+    Nesterov 0.9 at a tenth of it lies on the ridge 0.027 higher."""
 
     def loss(labels: dict[str, str]) -> float:
-        lr, h = _inner(labels)
+        lr = float(labels["optimizer.lr"])
+        h = float(labels.get("technique.diloco.sync_every", best_h))
         outer_lr, momentum, _ = _outer(labels, best_step)
         step = outer_lr / (1 - momentum)
         return (
             1.5
-            + curvature.lr * math.log2(lr / 1e-3) ** 2
+            + curvature.lr * math.log2(lr / best_lr) ** 2
             + 2.5 * curvature.outer_lr * math.log2(step / best_step) ** 2
-            + curvature.h * math.log(h / BEST_H, 3) ** 2
+            + curvature.h * math.log(h / best_h, 3) ** 2
             + 0.03 * momentum
         )
 
     return loss
+
+
+#: The identity outer step the DiLoCo presets anchor on (inner LR 2e-3, outer LR 1 without
+#: momentum, H 10): the optimum of the "outer ridge (optimum at the identity anchor)" surface,
+#: where the searcher's own points must compete with an anchor it has not chosen.
+IDENTITY = {"lr": 2e-3, "step": 1.0, "h": 10}
 
 
 #: Where the plateau surface's DiLoCo-specific valley lies (the nano rerun's M = 1 winner) and
@@ -221,9 +232,11 @@ def surfaces(searcher: str, seed: int, preset: str = PRESET_NAME, arm: str = "m2
     """Every surface on the arm's search; the plateau ones only where the search fixes the
     outer optimizer (their reduction to AdamW holds without outer momentum alone)."""
     diloco = replace(diloco_search(preset, arm), searcher=searcher, seed=seed)
+    identity = outer_ridge(MEASURED, IDENTITY["lr"], IDENTITY["step"], IDENTITY["h"])
     found = [
         Surface("bowl (measured)", diloco, bowl(MEASURED)),
         Surface("outer ridge (measured)", diloco, outer_ridge(MEASURED)),
+        Surface("outer ridge (optimum at the identity anchor)", diloco, identity),
         Surface("bowl (flat)", diloco, bowl(FLAT)),
         Surface("outer ridge (flat)", diloco, outer_ridge(FLAT)),
     ]
@@ -232,6 +245,7 @@ def surfaces(searcher: str, seed: int, preset: str = PRESET_NAME, arm: str = "m2
             Surface("plateau (M = 1)", diloco, plateau(one_replica=True)),
             Surface("plateau (M = 2)", diloco, plateau(one_replica=False)),
         ]
+    found = [s for s in found if "identity anchor" not in s.name or s.optimum_point() in diloco.anchors]
     return [*found, Surface("lr x batch", replace(lr_batch_search(searcher), seed=seed), lr_batch)]
 
 

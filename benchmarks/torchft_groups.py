@@ -137,6 +137,23 @@ def row_log(folder: Path) -> list[str]:
     ]
 
 
+def ending_problems(codes: dict[str, int], folders: dict[str, Path]) -> list[str]:
+    """What breaks the invariant of how groups end: every group that exits 0 holds the run's final
+    weights, equal (atol 0) to every other's that exits 0; every other group ends with one
+    ``error: `` line, its last. Empty where it holds."""
+    problems, finished = [], {name: folders[name] for name, code in codes.items() if code == 0}
+    weights = {name: final_weights(folder / "checkpoints" / "last.ckpt") for name, folder in finished.items()}
+    first = next(iter(weights), None)
+    for name, found in weights.items():
+        difference = max((found[key] - weights[first][key]).abs().max().item() for key in found)
+        if difference != 0.0:
+            problems.append(f"{name} exited 0 with weights {difference:.2e} from {first}'s")
+    for name, code in codes.items():
+        if code != 0 and not last_own_line(log_of(folders[name])).startswith("error: "):
+            problems.append(f"{name} exited {code} without a last line that says why")
+    return problems
+
+
 def valid_checkpoint(folder: Path) -> Path | None:
     """The run's last checkpoint, unless it was killed while writing it."""
     path = folder / "checkpoints" / "last.ckpt"
@@ -254,24 +271,13 @@ def _result(
 ) -> ChaosResult:
     steps = max(reference)
     per_step = len(reference[1]) // len(members)
-    trained: dict[int, dict[int, set[str]]] = {group.index: {} for group in members}
-    wrong: list[str] = []
-    for group in members:
-        for run in group.folders:
-            for step, hashes in rows(run).items():
-                if len(hashes) != per_step or not set(hashes) <= set(reference.get(step, [])):
-                    wrong.append(f"group {group.index} step {step} in {run.name}")
-                trained[group.index].setdefault(step, set()).update(hashes)
-    for step in range(1, steps + 1):
-        seen = [trained[g].get(step, set()) for g in trained]
-        if any(len(hashes) > per_step for hashes in seen) or len(set().union(*seen)) != sum(map(len, seen)):
-            wrong.append(f"step {step}: a group read other rows on another run, or two groups read the same rows")
+    trained, wrong = trained_rows({group.index: group.folders for group in members}, reference)
     untrained = {g: sum(step not in trained[g] for step in range(1, steps + 1)) for g in trained}
     tokens_per_row = _tokens_per_row(members[0].folder)
     finals = [valid_checkpoint(group.folder) for group in members]
     difference = float("inf")
     if all(finals):
-        weights = [_weights(path) for path in finals]
+        weights = [final_weights(path) for path in finals]
         difference = max((w[k] - weights[0][k]).abs().max().item() for w in weights[1:] for k in weights[0])
     discarded = sum(log_of(run).count(DISCARDED) for group in members for run in group.folders)
     return ChaosResult(
@@ -288,6 +294,29 @@ def _result(
     )
 
 
+def trained_rows(
+    runs: dict[int, list[Path]], reference: dict[int, list[str]]
+) -> tuple[dict[int, dict[int, set[str]]], list[str]]:
+    """The rows each group index trained at each step over its runs (``runs``: its run folders),
+    and what breaks the slice checks: a step whose rows are not a group's share of that step's
+    reference rows, a group that read other rows at a step on another run, two groups that read
+    the same rows."""
+    per_step = len(reference[1]) // len(runs)
+    trained: dict[int, dict[int, set[str]]] = {group: {} for group in runs}
+    wrong: list[str] = []
+    for group, folders in runs.items():
+        for run in folders:
+            for step, hashes in rows(run).items():
+                if len(hashes) != per_step or not set(hashes) <= set(reference.get(step, [])):
+                    wrong.append(f"group {group} step {step} in {run.name}")
+                trained[group].setdefault(step, set()).update(hashes)
+    for step in range(1, max(reference) + 1):
+        seen = [trained[g].get(step, set()) for g in trained]
+        if any(len(hashes) > per_step for hashes in seen) or len(set().union(*seen)) != sum(map(len, seen)):
+            wrong.append(f"step {step}: a group read other rows on another run, or two groups read the same rows")
+    return trained, wrong
+
+
 def _tokens_per_row(folder: Path) -> int:
     """Tokens per sequence, from the run's resolved config."""
     from settings.from_config import config_file
@@ -295,6 +324,6 @@ def _tokens_per_row(folder: Path) -> int:
     return int(config_file(folder / ".hydra" / "config.yaml")["data"]["seq_len"])
 
 
-def _weights(path: Path) -> dict[str, torch.Tensor]:
+def final_weights(path: Path) -> dict[str, torch.Tensor]:
     state = torch.load(path, map_location="cpu", weights_only=False)["state_dict"]
     return {key: value for key, value in state.items() if key.startswith("model.")}

@@ -296,16 +296,79 @@ def test_a_group_index_or_min_groups_outside_the_replicas_is_one_line(tmp_path, 
     assert str(error.value) == message
 
 
-@pytest.mark.parametrize(
-    ("lighthouse", "loopback"),
-    [("http://127.0.0.1:29510", True), ("http://localhost:29510", True), ("http://head-node:29510", False)],
-)
-def test_a_group_on_a_loopback_lighthouse_is_reached_on_loopback(tmp_path, lighthouse: str, loopback: bool) -> None:
+def torchft_settings(tmp_path: Path, lighthouse: str, *extra: str):
     cfg = compose_config(
-        [*DILOCO, "technique.diloco.backend=torchft", f"technique.diloco.torchft.lighthouse={lighthouse}"], tmp_path
+        [*DILOCO, "technique.diloco.backend=torchft", f"technique.diloco.torchft.lighthouse={lighthouse}", *extra],
+        tmp_path,
     )
-    settings = read_settings(cfg, processes=1).techniques["diloco"].torchft
-    assert settings.reachable_host() == ("127.0.0.1" if loopback else socket.gethostname())
+    return read_settings(cfg, processes=1).techniques["diloco"].torchft
+
+
+def route_address() -> str | None:
+    """This machine's address on its default route (None without one), found apart from the code under test."""
+    out = subprocess.run(["ip", "-4", "route", "get", "192.0.2.250"], capture_output=True, text=True).stdout
+    found = out.split(" src ")[1].split()[0] if " src " in out else None
+    return found if found and not found.startswith("127.") else None
+
+
+@pytest.mark.parametrize("lighthouse", ["http://127.0.0.1:29510", "http://localhost:29510", "http://127.0.0.2:29510"])
+def test_a_group_on_a_loopback_lighthouse_is_reached_on_loopback(tmp_path, lighthouse: str) -> None:
+    assert torchft_settings(tmp_path, lighthouse).reachable_host() == "127.0.0.1"
+
+
+def test_an_empty_host_is_the_address_facing_the_lighthouse_never_the_hostname_s_loopback(tmp_path) -> None:
+    """Many Linux machines map their hostname to 127.0.1.1 (this one's to 127.0.0.1), where no other
+    host reaches a group: the address on the route to the lighthouse is taken instead; a lighthouse
+    named by a name this machine maps to its loopback, or one with no route, is refused naming the setting."""
+    address = route_address()
+    if address is None:
+        pytest.skip("this machine has no non-loopback route")
+    assert torchft_settings(tmp_path, f"http://{address}:29510").reachable_host() == address
+    assert (
+        torchft_settings(tmp_path, f"http://{address}:29510", "technique.diloco.torchft.host=10.1.2.3").reachable_host()
+        == "10.1.2.3"
+    )
+    for name in (socket.gethostname(), "head-node.invalid"):
+        if name != "head-node.invalid" and not socket.gethostbyname(name).startswith("127."):
+            continue  # this machine's hostname is not on loopback: nothing to refuse
+        with pytest.raises(ConfigError) as error:
+            torchft_settings(tmp_path, f"http://{name}:29510").reachable_host()
+        assert str(error.value).startswith("technique.diloco.torchft.host is empty and ") and (
+            "set technique.diloco.torchft.host to" in str(error.value)
+        ), error.value
+
+
+def test_an_address_that_answers_but_is_no_lighthouse_is_one_line_within_seconds(tmp_path, tmp_path_factory) -> None:
+    """Any HTTP server at the lighthouse's address (here Python's own): refused before any quorum
+    is asked, instead of heartbeats failing for the whole quorum timeout."""
+    import http.server
+    import threading
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), http.server.SimpleHTTPRequestHandler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    address = f"http://127.0.0.1:{server.server_port}"
+    started = time.monotonic()
+    result = run_train(
+        [
+            *DILOCO,
+            "trainer.max_steps=4",
+            "technique.diloco.backend=torchft",
+            f"technique.diloco.torchft.lighthouse={address}",
+        ],
+        tmp_path / "run",
+        tmp_path_factory.getbasetemp() / "cache",
+    )
+    server.shutdown()
+    assert result.returncode == 2 and time.monotonic() - started < 30, result.stderr[-2000:]
+    (line,) = result.stderr.strip().splitlines()
+    assert line.startswith(
+        f"error: technique.diloco.torchft.lighthouse={address} answers, but not as a torchft lighthouse"
+        " ('HTTP/1.0 200 OK Server: SimpleHTTP/"
+    ) and line.endswith(
+        "'): point it at the lighthouse's --bind address, or start one there: torchft_lighthouse --min_replicas 2"
+        " --bind HOST:PORT"
+    ), line
+    assert not (tmp_path / "run").exists()
 
 
 def test_the_group_store_listens_only_on_its_host() -> None:

@@ -236,8 +236,28 @@ class DiLoCo(StepCallback):
                 self._warn_stalled(cause)
 
     def _warn_stalled(self, cause: str) -> None:
-        torchft, pace, peers = self.settings.torchft, self._groups.pace_s, self._groups.peer_pace_s
-        peer_pace = f"{peers:.2f} s" if peers is not None else "not known (no round shared with them yet)"
+        """Say that this group has stalled: beside its peers' pace where some are alive; where the
+        lighthouse sees no other group alive, that none is (the join timeout is no remedy for a
+        peer that is down, and a dead peer's pace is no measure)."""
+        torchft, groups = self.settings.torchft, self._groups
+        min_groups = torchft.quorum_size(self.settings.replicas)
+        if groups.live_peers() == 0:
+            log.warning(
+                "replica group %d has committed none of its last %d round(s) (%s): no other group is alive (none"
+                " heartbeats to the lighthouse at %s: they are down or finished), and a round commits only with"
+                " min_groups=%d groups; restart the missing groups to go on",
+                torchft.group,
+                self._uncommitted,
+                cause,
+                torchft.address(),
+                min_groups,
+            )
+            return
+        peers = (
+            f"{groups.peer_pace_s:.2f} s"
+            if groups.peer_pace_s is not None
+            else "not known (no round shared with them yet)"
+        )
         log.warning(
             "replica group %d has committed none of its last %d round(s) (%s): it takes %.2f s per global step, its peers %s;"
             " a group that asks for a quorum more than the lighthouse's --join_timeout_ms after the others is left out"
@@ -245,9 +265,9 @@ class DiLoCo(StepCallback):
             torchft.group,
             self._uncommitted,
             cause,
-            pace,
-            peer_pace,
-            torchft.quorum_size(self.settings.replicas),
+            groups.pace_s,
+            peers,
+            min_groups,
             torchft.timeout_s,
         )
 

@@ -24,8 +24,34 @@ if TYPE_CHECKING:
 
 BACKENDS = ("torch", "torchft")
 TORCHFT_INSTALL = "pip install torchft==0.2.0"
-#: Seconds to wait for the lighthouse's port before calling it unreachable.
+#: Seconds to wait for the lighthouse's port, and for its answer, before calling it unreachable.
 LIGHTHOUSE_CONNECT_S = 5.0
+#: What a torchft lighthouse's dashboard (its answer to ``GET /``) says of itself.
+LIGHTHOUSE_MARK = "torchft"
+
+
+def on_loopback(host: str) -> bool:
+    return host == "localhost" or host.startswith("127.") or host == "::1"
+
+
+def facing_address(host: str, port: int) -> str:
+    """This machine's address on the route to ``host`` (a UDP socket's source once connected;
+    nothing is sent): the address a peer on that network reaches this machine at."""
+    family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_DGRAM)[0]
+    with socket.socket(family, kind, proto) as probe:
+        probe.connect(address)
+        return probe.getsockname()[0]
+
+
+def http_answer(connection: socket.socket, host: str, path: str = "/") -> str:
+    """The first bytes a connected server answers to an HTTP ``GET path`` ("" if it closes without
+    a word; a TimeoutError at the connection's timeout if it says nothing)."""
+    with connection:
+        connection.sendall(f"GET {path} HTTP/1.0\r\nHost: {host}\r\n\r\n".encode())
+        answer = b""
+        while len(answer) < 4096 and (chunk := connection.recv(4096)):
+            answer += chunk
+    return answer.decode("utf-8", "replace")
 
 
 @dataclass(kw_only=True)
@@ -37,7 +63,7 @@ class TorchftSettings:
     quorum_timeout_s: waiting for a quorum (at a sync, or for a joining group, a round).
     host: the address other groups reach this group at, and the one its store listens on
         (null: 127.0.0.1 when the lighthouse is on loopback, so every group is on this
-        machine; else this machine's hostname).
+        machine; else this machine's address on the route to the lighthouse).
     min_groups: groups a round needs to commit (null: a majority of M, so that two quorums
         that do not share a group can never both commit a round).
     warn_after_rounds: a group that has committed none of this many rounds in a row says
@@ -59,11 +85,33 @@ class TorchftSettings:
         return self.lighthouse or os.environ.get("TORCHFT_LIGHTHOUSE", "")
 
     def reachable_host(self) -> str:
+        """``host``, or where it is empty: 127.0.0.1 for a lighthouse on loopback, else this
+        machine's address on the route to the lighthouse. Not the hostname's address, which
+        many Linux machines map to 127.0.1.1, where no other host reaches it; a route that
+        leads to a loopback address (the lighthouse named by a name this machine maps to
+        itself) is refused, naming the setting."""
         if self.host:
             return self.host
-        lighthouse = urlparse(self.address()).hostname or ""
-        on_loopback = lighthouse == "localhost" or lighthouse.startswith("127.") or lighthouse == "::1"
-        return "127.0.0.1" if on_loopback else socket.gethostname()
+        parsed = urlparse(self.address())
+        lighthouse = parsed.hostname or ""
+        if on_loopback(lighthouse):
+            return "127.0.0.1"
+        try:
+            found = facing_address(lighthouse, parsed.port or 0)
+        except OSError as error:
+            raise ConfigError(
+                f"technique.diloco.torchft.host is empty and no route to the lighthouse's host {lighthouse!r} was"
+                f" found ({error.strerror or error}): set technique.diloco.torchft.host to the address other groups"
+                " reach this machine at."
+            ) from None
+        if on_loopback(found):
+            raise ConfigError(
+                f"technique.diloco.torchft.host is empty and the lighthouse's host {lighthouse!r} is this machine's"
+                f" loopback ({found}), which other hosts cannot reach: set technique.diloco.torchft.host to this"
+                " machine's address on their network (or 127.0.0.1 if every group runs on this machine), or name the"
+                " lighthouse by that address."
+            )
+        return found
 
     def quorum_size(self, replicas: int) -> int:
         return self.min_groups if self.min_groups is not None else replicas // 2 + 1
@@ -271,17 +319,29 @@ class DiLoCoSettings(TechniqueSettings):
         return address, parsed.hostname, port
 
     def check_services(self, run: RunContext) -> None:
-        """The lighthouse answers on its port within ``LIGHTHOUSE_CONNECT_S``."""
+        """The lighthouse answers on its port within ``LIGHTHOUSE_CONNECT_S``, as a torchft
+        lighthouse (its dashboard, on ``GET /``), and this group has an address the others reach."""
         if not self.fault_tolerant:
             return
         address, host, port = self._lighthouse()
+        start = f"torchft_lighthouse --min_replicas {self.torchft.quorum_size(self.replicas)} --bind HOST:PORT"
         try:
-            socket.create_connection((host, port), timeout=LIGHTHOUSE_CONNECT_S).close()
+            connection = socket.create_connection((host, port), timeout=LIGHTHOUSE_CONNECT_S)
         except OSError as error:
             raise ConfigError(
-                f"{self.key}.torchft.lighthouse={address} cannot be reached ({error.strerror or error});"
-                f" start it first: torchft_lighthouse --min_replicas {self.torchft.quorum_size(self.replicas)} --bind HOST:PORT"
+                f"{self.key}.torchft.lighthouse={address} cannot be reached ({error.strerror or error}); start it first: {start}"
             ) from None
+        try:
+            answer = http_answer(connection, host)
+        except OSError:
+            answer = f"no answer within {LIGHTHOUSE_CONNECT_S:g} s"
+        if LIGHTHOUSE_MARK not in answer:
+            said = " ".join(answer.split()[:8]) or "nothing"
+            raise ConfigError(
+                f"{self.key}.torchft.lighthouse={address} answers, but not as a torchft lighthouse ({said!r}): point it"
+                f" at the lighthouse's --bind address, or start one there: {start}"
+            )
+        self.torchft.reachable_host()
 
     def build(self, run: RunContext) -> "DiLoCo":
         from callbacks.diloco.callback import DiLoCo

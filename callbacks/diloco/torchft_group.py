@@ -43,26 +43,31 @@ groups that contributed one; the average is the sum over that count.
 import hashlib
 import json
 import logging
+import re
 import socket
 import time
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
+from urllib.parse import urlparse
 
 import torch
 from torch.distributed import ReduceOp, TCPStore
 
 from callbacks.diloco.exchange import Exchange
-from callbacks.diloco.settings import DiLoCoSettings, TorchftSettings
+from callbacks.diloco.settings import DiLoCoSettings, TorchftSettings, http_answer
 from common.errors import ConfigError
 
 log = logging.getLogger(__name__)
 #: Fingerprint values per group: four 32-bit slices of a SHA-256 digest.
 FINGERPRINT_SLOTS = 4
-#: Group indices the settings exchange has room for (a length each, summed over the groups).
-SETTINGS_SLOTS = 1024
 #: Seconds between two quorum requests of a new run's first round, waiting for every group.
 REASK_S = 0.5
+#: Seconds to wait for the lighthouse's status page.
+STATUS_S = 3.0
+#: Seconds a quorum request waits before it is sent again (within quorum_timeout_s): a lighthouse
+#: restarted since the request was sent never answers it.
+REQUEST_S = 10.0
 
 
 def fingerprint(settings: dict[str, Any]) -> torch.Tensor:
@@ -70,6 +75,19 @@ def fingerprint(settings: dict[str, Any]) -> torch.Tensor:
     digest = hashlib.sha256(repr(sorted(settings.items())).encode()).digest()
     slices = [int.from_bytes(digest[4 * i : 4 * i + 4], "little") for i in range(FINGERPRINT_SLOTS)]
     return torch.tensor(slices, dtype=torch.float64)
+
+
+def heartbeating(address: str) -> int | None:
+    """How many replica groups heartbeat to the lighthouse (those alive), from its status page;
+    -1 where the page does not say, None where nothing answers there."""
+    parsed = urlparse(address)
+    try:
+        connection = socket.create_connection((parsed.hostname, parsed.port), timeout=STATUS_S)
+        page = http_answer(connection, parsed.hostname, "/status")
+    except OSError:
+        return None
+    found = re.search(r"\[(\d+) heartbeating\]", page)
+    return int(found.group(1)) if found else -1
 
 
 def group_store(host: str) -> tuple[socket.socket, TCPStore]:
@@ -130,6 +148,7 @@ class TorchftGroup:
         self._checked = 0  # quorums whose settings check this process passed (0: new to the run)
         self._pending: dict[str, Any] | None = None  # a heal's state, loaded once the settings agree
         self._refusal: str | None = None  # why this group may not join the run
+        self._doubled: str | None = None  # refused as a second process of its group index
         self._small_quorum_reported = False
         #: Why the last round was discarded (None: it committed).
         self.discard_cause: str | None = None
@@ -184,13 +203,20 @@ class TorchftGroup:
         )
 
     def _discard_cause(self, committed: bool) -> str | None:
-        """Why the round just taken part in was discarded, or None where it committed."""
-        if committed and self.contributors:
+        """Why the round just taken part in was discarded, or None where it committed: a round
+        is the run's only with ``min_groups`` contributions, so two sets of groups that never
+        meet cannot both move the run (a group healed into a round contributes nothing)."""
+        if committed and self.contributors >= self._min_groups:
             return None
         if self.manager.errored() is not None:
             return "a replica group failed during it"
         if self.groups_present < self._min_groups:
             return f"{self.groups_present} group(s) joined it, fewer than min_groups={self._min_groups}"
+        if self.contributors:
+            return (
+                f"{self.contributors} of the {self.groups_present} groups in it had a round to contribute (the others"
+                f" were healed into it), fewer than min_groups={self._min_groups}"
+            )
         return "no group present had a round to contribute"
 
     def _quorum(self, groups: int) -> None:
@@ -198,7 +224,7 @@ class TorchftGroup:
         group present runs the run's settings, then load that state."""
         self._pending, started = None, time.perf_counter()
         self._start_quorum()
-        while self.groups_present < groups and time.perf_counter() - started < self._quorum_timeout_s:
+        while self._waits_for_more(groups) and time.perf_counter() - started < self._quorum_timeout_s:
             time.sleep(REASK_S)  # the others are still starting up
             self._start_quorum()
         self._report_small_quorum()
@@ -209,6 +235,14 @@ class TorchftGroup:
         self._pending = None
         self.healed_in = time.perf_counter() - started if healed else None
         self._checked += self._refusal is None
+
+    def _waits_for_more(self, groups: int) -> bool:
+        """Whether to ask again for a bigger quorum: only while every group present is new to a
+        run (its step 0). A quorum with a group that has trained (this group was healed by it,
+        or the quorum's step is past 0) is a run in progress, which this group joins at once: a
+        group restarted without a checkpoint would otherwise keep forming quorums with one live
+        group after another, so that the live groups never meet."""
+        return self.groups_present < groups and self._pending is None and self.manager.current_step() == 0
 
     def _report_small_quorum(self) -> None:
         if self.groups_present >= self._min_groups or self._small_quorum_reported:
@@ -224,24 +258,27 @@ class TorchftGroup:
         )
 
     def _check_settings(self) -> None:
-        """Every group present shows its fingerprint and whether it has trained in the run.
-        Where they differ, the groups new to the run whose fingerprint is not that of the
-        groups already training are refused (all of them, where none has trained yet)."""
-        table = torch.zeros(self._slots(), 2 + FINGERPRINT_SLOTS, dtype=torch.float64)
-        table[self._group] = torch.cat(
-            [torch.tensor([1.0, float(self._checked > 0)], dtype=torch.float64), self._fingerprint]
-        )
+        """Every process in the quorum shows, in its own row, its group index, how many quorums
+        it has passed in the run and its settings' fingerprint. Two processes of one group index
+        are caught first; then, where the fingerprints differ, the groups new to the run whose
+        fingerprint is not that of the groups already training are refused (all of them, where
+        none has trained yet)."""
+        table = torch.zeros(self.groups_present, 2 + FINGERPRINT_SLOTS, dtype=torch.float64)
+        me = self.manager.participating_rank()
+        table[me] = torch.cat([torch.tensor([self._group, self._checked], dtype=torch.float64), self._fingerprint])
         self.manager.allreduce(table, reduce_op=ReduceOp.SUM).wait()
         if self.manager.errored() is not None:  # the round is discarded; the next quorum checks again
             self._pending = None
             return
-        prints = {g: tuple(row[2:].tolist()) for g, row in enumerate(table) if row[0] > 0}
+        rows = {rank: (int(row[0]), int(row[1]), tuple(row[2:].tolist())) for rank, row in enumerate(table)}
+        kept = self._refuse_doubles(me, rows)
+        prints = {group: printed for rank, (group, _, printed) in rows.items() if rank in kept}
         if len(set(prints.values())) <= 1:
             return
-        training = {prints[g] for g, row in enumerate(table) if row[0] > 0 and row[1] > 0}
-        refused = [g for g, printed in prints.items() if printed not in training]
-        settings = self._gather_settings()
-        if self._group in refused:
+        training = {printed for rank, (_, passed, printed) in rows.items() if rank in kept and passed > 0}
+        refused = [group for group, printed in prints.items() if printed not in training]
+        settings = self._gather_settings(me, {rows[rank][0]: rank for rank in kept})
+        if self._group in refused and self._refusal is None:
             mine = prints[self._group]
             other = next(g for g in sorted(prints) if prints[g] != mine and (not training or prints[g] in training))
             self._refusal = (
@@ -250,47 +287,88 @@ class TorchftGroup:
                 " overrides but technique.diloco.torchft.group."
             )
             return
-        for g in refused:
+        for group in refused:
             log.warning(
                 "replica group %d was refused, its settings not the run's: %s; the groups already training go on",
-                g,
-                self._difference(settings, g, self._group),
+                group,
+                self._difference(settings, group, self._group),
             )
 
-    def _slots(self) -> int:
-        return max(SETTINGS_SLOTS, self._group + 1)
+    def _refuse_doubles(self, me: int, rows: dict[int, tuple[int, int, tuple]]) -> set[int]:
+        """Two processes with one group index (a requeued job whose first copy still runs): the
+        one that has passed the most quorums in the run goes on, the others are refused (all of
+        them on a tie: none can be preferred); the other groups go on. Returns the participants kept."""
+        kept = set(rows)
+        for group in {group for group, _, _ in rows.values()}:
+            ranks = [rank for rank, row in rows.items() if row[0] == group]
+            if len(ranks) < 2:
+                continue
+            passed = sorted((rows[rank][1] for rank in ranks), reverse=True)
+            older = [rank for rank in ranks if rows[rank][1] == passed[0] and passed[0] > passed[1]]
+            kept -= set(ranks) - set(older)
+            if me in ranks and me not in older:
+                self._refusal = self._doubled = (
+                    f"replica group {group} is already running in another process (a requeued job whose first copy"
+                    f" still runs?): this one leaves the run; stop one of them, or start this one with another free"
+                    f" {self._key}.torchft.group."
+                )
+            else:
+                log.warning(
+                    "%d processes started as replica group %d; %s",
+                    len(ranks),
+                    group,
+                    "the one that trained longest goes on" if older else "none goes on (none trained longer)",
+                )
+        return kept
 
-    def _start_quorum(self) -> None:
-        """Ask the lighthouse for a quorum; where none forms within the quorum timeout (fewer
-        groups are running than the lighthouse's ``--min_replicas``), leave and stop in one line
-        rather than train alone."""
-        try:
-            self.manager.start_quorum()
-        except TimeoutError:
-            self.shutdown()
-            raise ConfigError(
-                f"{self._key}.torchft: no quorum formed within quorum_timeout_s={self._quorum_timeout_s:g} s: the"
-                f" lighthouse at {self._lighthouse} waits for more replica groups than are running (its --min_replicas)."
-                f" Start the other groups ({self._key}.torchft.group=...), or raise {self._key}.torchft.quorum_timeout_s;"
-                " a group started after the others finished the token budget has nothing left to train."
-            ) from None
-
-    def _gather_settings(self) -> dict[int, dict[str, Any]]:
-        """Every group's settings (each writes its own slot of a summed tensor, its settings as
-        JSON bytes)."""
-        encoded = json.dumps(self._agreed, sort_keys=True).encode()
-        lengths = torch.zeros(self._slots(), dtype=torch.float64)
-        lengths[self._group] = len(encoded)
+    def _gather_settings(self, me: int, ranks: dict[int, int]) -> dict[int, dict[str, Any]]:
+        """The settings of the groups kept (``ranks``: group index -> its participant's row), each
+        participant writing its own row of a summed tensor, its settings as JSON bytes."""
+        encoded = b"" if self._doubled else json.dumps(self._agreed, sort_keys=True).encode()
+        lengths = torch.zeros(self.groups_present, dtype=torch.float64)
+        lengths[me] = len(encoded)
         self.manager.allreduce(lengths, reduce_op=ReduceOp.SUM).wait()
-        slots, width = int(lengths.nonzero().max()) + 1, int(lengths.max())  # the same in every group
-        data = torch.zeros(slots, width, dtype=torch.float64)
-        data[self._group, : len(encoded)] = torch.tensor(list(encoded), dtype=torch.float64)
+        data = torch.zeros(self.groups_present, int(lengths.max()), dtype=torch.float64)  # the same in every group
+        data[me, : len(encoded)] = torch.tensor(list(encoded), dtype=torch.float64)
         self.manager.allreduce(data, reduce_op=ReduceOp.SUM).wait()
         return {
-            group: json.loads(bytes(int(round(b)) for b in data[group, : int(length)].tolist()).decode())
-            for group, length in enumerate(lengths[:slots].tolist())
-            if length
+            group: json.loads(bytes(int(round(b)) for b in data[rank, : int(lengths[rank])].tolist()).decode())
+            for group, rank in ranks.items()
+            if lengths[rank]
         }
+
+    def _start_quorum(self) -> None:
+        """Ask the lighthouse for a quorum, again every ``REQUEST_S`` until one forms (a restarted
+        lighthouse has forgotten the request before its restart); where none forms within the
+        quorum timeout, leave and stop in one line rather than train alone."""
+        deadline = time.perf_counter() + self._quorum_timeout_s
+        while (left := deadline - time.perf_counter()) > 0:
+            try:
+                self.manager.start_quorum(timeout=timedelta(seconds=min(REQUEST_S, left)))
+                return
+            except TimeoutError:
+                # torchft keeps the failed request's future and would raise its error again.
+                self.manager._quorum_future = None
+                log.info("no quorum within %g s; asking the lighthouse again", min(REQUEST_S, left))
+        self.shutdown()
+        raise ConfigError(self._no_quorum())
+
+    def _no_quorum(self) -> str:
+        """Why no quorum formed: the lighthouse is gone, or fewer groups ask than it waits for."""
+        key, lighthouse, timeout = self._key, self._lighthouse, self._quorum_timeout_s
+        alive = heartbeating(lighthouse)
+        if alive is None:
+            return (
+                f"{key}.torchft: no quorum formed within quorum_timeout_s={timeout:g} s: the lighthouse at {lighthouse}"
+                " was lost (nothing answers there); restart it on that address (the groups ask again every"
+                f" {REQUEST_S:g} s within quorum_timeout_s) and resume this group from its last checkpoint."
+            )
+        return (
+            f"{key}.torchft: no quorum formed within quorum_timeout_s={timeout:g} s: the lighthouse at {lighthouse}"
+            f" waits for more replica groups than are running (its --min_replicas; {alive} heartbeating). Start the other groups"
+            f" ({key}.torchft.group=...), or raise {key}.torchft.quorum_timeout_s; a group started after the others"
+            " finished the token budget has nothing left to train."
+        )
 
     @staticmethod
     def _difference(settings: dict[int, dict[str, Any]], group: int, other: int) -> str:
@@ -300,6 +378,11 @@ class TorchftGroup:
         if key is None:
             return f"group {group}'s and group {other}'s differ"
         return f"{key} is {mine.get(key, 'unset')} in group {group} and {theirs.get(key, 'unset')} in group {other}"
+
+    def live_peers(self) -> int | None:
+        """The other groups alive (heartbeating to the lighthouse); None where it cannot say."""
+        alive = heartbeating(self._lighthouse)
+        return None if alive is None or alive < 0 else max(alive - 1, 0)
 
     def take_heal(self) -> float | None:
         """Seconds the last quorum took if it healed this group (once per heal), else None."""
