@@ -86,3 +86,29 @@ def test_the_plateau_surface_is_adamw_wherever_diloco_reduces_to_it_and_its_vall
     assert not any(s.name.startswith("plateau") for s in surfaces("gp", 0))  # momentum searched there
     plateau_best = min(m1.loss({"optimizer.lr": str(lr), "technique.diloco.outer_lr": "1"}) for lr in lr_values)
     assert math.isclose(plateau_best, 1.5 + 0.016 + MEASURED.lr * math.log2(math.sqrt(2)) ** 2)
+
+
+def test_the_identity_ridge_has_its_optimum_at_the_presets_identity_anchor() -> None:
+    """The ridge moved onto the identity outer step (inner LR 2e-3, outer LR 1, no momentum,
+    H 10), written out here: its grid optimum, by brute force, is the DiLoCo study's first
+    anchor, which the searcher did not choose; searches without that anchor do not get it."""
+    (surface,) = [s for s in surfaces("gp", 0, "diloco_tuned", "m1") if "identity anchor" in s.name]
+
+    def formula(labels: dict[str, str]) -> float:
+        parts = dict(part.split("=") for part in labels["technique.diloco.outer_optimizer"].split(","))
+        momentum = float(parts["momentum"])
+        step = float(labels["technique.diloco.outer_lr"]) / (1 - momentum)
+        return (
+            1.5
+            + MEASURED.lr * math.log2(float(labels["optimizer.lr"]) / 2e-3) ** 2
+            + 2.5 * MEASURED.outer_lr * math.log2(step) ** 2
+            + MEASURED.h * math.log(float(labels["technique.diloco.sync_every"]) / 10, 3) ** 2
+            + 0.03 * momentum
+        )
+
+    space = surface.search.space
+    points = list(itertools.product(*(d.span for d in space.dimensions)))
+    best = min(points, key=lambda p: formula(space.labels(p)))
+    assert best == surface.search.anchors[0] == surface.optimum_point() and math.isclose(surface.optimum(), 1.5)
+    assert all(math.isclose(surface.true_loss(p), formula(space.labels(p))) for p in points[::97])
+    assert not any("identity anchor" in s.name for s in surfaces("gp", 0, "scaling_ladder_tuned", "m1"))
