@@ -143,7 +143,7 @@ def _finalists(tuning: Tuning) -> str:
     search = tuning.search
     if not search.finalists:
         return ""
-    used = tuning.selection_seeds or search.finalist_seeds[: search.finalist_first or len(search.finalist_seeds)]
+    used = tuning.selection_seeds or search.finalist_seeds[: search.first_finalist_seeds]
     text = f", {search.finalists} finalists on seeds {', '.join(map(str, used))}"
     if len(search.finalist_seeds) > len(used):
         text += f" (of up to {len(search.finalist_seeds)})"

@@ -10,8 +10,8 @@ picks by its true loss:
   depends on that ratio and the best momentum is 0 (the identity outer step won the last
   study), while a search started at Nesterov 0.9 finds a ridge point first;
   both at the curvature measured in the DiLoCo study and at a flatter one (``Curvature``);
-- ``outer ridge (optimum at the identity anchor)``: the measured ridge moved so that its
-  optimum is the presets' identity anchor (inner LR 2e-3, outer LR 1, no momentum, H 10):
+- ``outer ridge at the identity anchor``: the ridge, at either curvature,
+  moved so that its optimum is the presets' identity anchor (inner LR 2e-3, outer LR 1, no momentum, H 10):
   the searcher's own points must compete with an anchor it did not choose (only on searches
   with that anchor);
 - ``lr x batch``: the best LR grows linearly with the batch (the linear scaling rule) and the
@@ -232,11 +232,12 @@ def surfaces(searcher: str, seed: int, preset: str = PRESET_NAME, arm: str = "m2
     """Every surface on the arm's search; the plateau ones only where the search fixes the
     outer optimizer (their reduction to AdamW holds without outer momentum alone)."""
     diloco = replace(diloco_search(preset, arm), searcher=searcher, seed=seed)
-    identity = outer_ridge(MEASURED, IDENTITY["lr"], IDENTITY["step"], IDENTITY["h"])
+    at_identity = {c: outer_ridge(c, IDENTITY["lr"], IDENTITY["step"], IDENTITY["h"]) for c in (MEASURED, FLAT)}
     found = [
         Surface("bowl (measured)", diloco, bowl(MEASURED)),
         Surface("outer ridge (measured)", diloco, outer_ridge(MEASURED)),
-        Surface("outer ridge (optimum at the identity anchor)", diloco, identity),
+        Surface("outer ridge at the identity anchor (measured)", diloco, at_identity[MEASURED]),
+        Surface("outer ridge at the identity anchor (flat)", diloco, at_identity[FLAT]),
         Surface("bowl (flat)", diloco, bowl(FLAT)),
         Surface("outer ridge (flat)", diloco, outer_ridge(FLAT)),
     ]

@@ -5,7 +5,7 @@ and every step a group trained must have read its own slice of that step.
 
 - ``two_down_one_fresh``: M = 3, two groups killed at once, one back from its checkpoint and
   one with none (which must recognise the run in progress from its first quorum);
-- ``kill_at_sync``: a group killed as soon as it has joined a sync's quorum, then restarted;
+- ``kill_at_sync``: a group killed as it asks for a sync's quorum, then restarted from its checkpoint;
 - ``second_process``: a second process of a live group index (a requeued job whose first copy
   still runs), which must be refused alone;
 - ``lighthouse_restart``: the lighthouse killed mid-run and back on its port 5 s later;
@@ -36,6 +36,8 @@ from benchmarks.torchft_groups import (
 
 #: Seconds to wait for a group's checkpoint (the sign that it is mid-run).
 CHECKPOINT_WAIT_S = 200
+#: What torchft's manager logs as a group asks for a quorum.
+QUORUM_ASKED = "Start quorum for group_rank"
 #: Seconds every group may take to end once the scenario has done its part.
 END_S = 400
 
@@ -130,7 +132,8 @@ def two_down_one_fresh(folder: Path, cache: Path, run: list[str], replicas: int,
 
 
 def kill_at_sync(folder: Path, cache: Path, run: list[str], replicas: int, at_step: int = 16) -> Ended:
-    """Group 1 killed as soon as its log shows it joined a new quorum after ``at_step``, then
+    """Group 1 killed as soon as its log shows it asking for a sync's quorum after ``at_step``
+    (torchft's ``Start quorum``: the others are then gathering for the same round), then
     started again from its checkpoint."""
     with Lighthouse(min_replicas=replicas // 2 + 1) as lighthouse:
         groups = Groups(folder, cache, run, 0.25, lighthouse)
@@ -138,12 +141,12 @@ def kill_at_sync(folder: Path, cache: Path, run: list[str], replicas: int, at_st
             groups.start(str(g), g)
         wait_for(checkpoint_at(groups, "1", at_step))
         log = groups.folders["1"].parent / "group1.log"
-        quorums = log.read_text().count("reconfiguring for quorum_id")
-        while log.read_text().count("reconfiguring for quorum_id") == quorums:
+        asked, deadline = log.read_text().count(QUORUM_ASKED), time.monotonic() + CHECKPOINT_WAIT_S
+        while log.read_text().count(QUORUM_ASKED) == asked and time.monotonic() < deadline:
             time.sleep(0.01)
         groups.kill("1")
         groups.start("1_back", 1, f"ckpt_path={valid_checkpoint(groups.folders['1'])}")
-        return groups.end("a group killed in a sync, back from its checkpoint")
+        return groups.end("a group killed as it asks for a sync's quorum, back from its checkpoint")
 
 
 def second_process(folder: Path, cache: Path, run: list[str], replicas: int, at_step: int = 16) -> Ended:

@@ -124,7 +124,7 @@ def _spent(searcher: str, search: Search) -> str:
     """The budget as the table gives it: the points, and the finalists with their seeds."""
     spent = "until bracketed" if searcher == "coordinate" else str(search.budget)
     if search.finalists:
-        first = len(search.finalist_seeds) if search.finalist_first is None else search.finalist_first
+        first = search.first_finalist_seeds
         sized = (
             f"{first}-{len(search.finalist_seeds)} seeds" if first < len(search.finalist_seeds) else f"{first} seeds"
         )

@@ -94,6 +94,11 @@ class Search:
     #: sized to avoid and the regret test's margin.
     regret_margin: float = DEFAULT_REGRET_MARGIN
 
+    @property
+    def first_finalist_seeds(self) -> int:
+        """How many finalist seeds every candidate runs before the spread is measured."""
+        return len(self.finalist_seeds) if self.finalist_first is None else self.finalist_first
+
 
 #: The pairing unit of a point's mean over the tuning seeds (one value, every point the same seeds).
 TUNING_SEEDS = -1
@@ -182,19 +187,15 @@ class Tuning:
     def finalist_seed_count(self) -> int | None:
         """How many finalist seeds the candidates run (``study/selection.py``); None until every
         candidate ran the first ones."""
-        seeds = self.search.finalist_seeds
-        first = len(seeds) if self.search.finalist_first is None else self.search.finalist_first
-        runs = {p: self.reruns.get(p, {}) for p in self.candidates}
-        return finalist_seed_count(runs, seeds, first, self.search.regret_margin)
+        search, runs = self.search, {p: self.reruns.get(p, {}) for p in self.candidates}
+        return finalist_seed_count(runs, search.finalist_seeds, search.first_finalist_seeds, search.regret_margin)
 
     @property
     def pending_reruns(self) -> list[tuple[Point, int]]:
         """The (candidate, finalist seed) runs still missing: the first seeds, then those the spread asks."""
-        seeds = self.search.finalist_seeds
-        count = self.finalist_seed_count
-        if count is None:
-            count = len(seeds) if self.search.finalist_first is None else self.search.finalist_first
-        return [(p, s) for p in self.candidates for s in seeds[:count] if s not in self.reruns.get(p, {})]
+        count = self.finalist_seed_count or self.search.first_finalist_seeds
+        seeds = self.search.finalist_seeds[:count]
+        return [(p, s) for p in self.candidates for s in seeds if s not in self.reruns.get(p, {})]
 
     @cached_property
     def selection_seeds(self) -> tuple[int, ...]:
@@ -203,10 +204,6 @@ class Tuning:
         if not self.candidates:
             return ()
         return tuple(s for s in self.search.finalist_seeds if all(s in self.reruns.get(p, {}) for p in self.candidates))
-
-    def losses(self, point: Point) -> dict[int, float]:
-        """A point's losses by pairing unit: its tuning seeds' mean, then each finalist seed."""
-        return {TUNING_SEEDS: self.results[point], **self.reruns.get(point, {})} if point in self.results else {}
 
     def votes(self, point: Point) -> dict[int, float]:
         """A point's losses on the seeds the pick uses: the finalist seeds every candidate ran,

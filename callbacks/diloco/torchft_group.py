@@ -203,20 +203,13 @@ class TorchftGroup:
         )
 
     def _discard_cause(self, committed: bool) -> str | None:
-        """Why the round just taken part in was discarded, or None where it committed: a round
-        is the run's only with ``min_groups`` contributions, so two sets of groups that never
-        meet cannot both move the run (a group healed into a round contributes nothing)."""
-        if committed and self.contributors >= self._min_groups:
+        """Why the round just taken part in was discarded, or None where it committed."""
+        if committed and self.contributors:
             return None
         if self.manager.errored() is not None:
             return "a replica group failed during it"
         if self.groups_present < self._min_groups:
             return f"{self.groups_present} group(s) joined it, fewer than min_groups={self._min_groups}"
-        if self.contributors:
-            return (
-                f"{self.contributors} of the {self.groups_present} groups in it had a round to contribute (the others"
-                f" were healed into it), fewer than min_groups={self._min_groups}"
-            )
         return "no group present had a round to contribute"
 
     def _quorum(self, groups: int) -> None:
@@ -366,8 +359,8 @@ class TorchftGroup:
         return (
             f"{key}.torchft: no quorum formed within quorum_timeout_s={timeout:g} s: the lighthouse at {lighthouse}"
             f" waits for more replica groups than are running (its --min_replicas; {alive} heartbeating). Start the other groups"
-            f" ({key}.torchft.group=...), or raise {key}.torchft.quorum_timeout_s; a group started after the others"
-            " finished the token budget has nothing left to train."
+            f" ({key}.torchft.group=...), or raise {key}.torchft.quorum_timeout_s. Where the others finished, this"
+            " group's weights are not the run's: use the last checkpoint of a group that exited 0."
         )
 
     @staticmethod
