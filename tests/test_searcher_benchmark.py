@@ -92,7 +92,9 @@ def test_the_identity_ridge_has_its_optimum_at_the_presets_identity_anchor() -> 
     """The ridge moved onto the identity outer step (inner LR 2e-3, outer LR 1, no momentum,
     H 10), written out here: its grid optimum, by brute force, is the DiLoCo study's first
     anchor, which the searcher did not choose; searches without that anchor do not get it."""
-    (surface,) = [s for s in surfaces("gp", 0, "diloco_tuned", "m1") if "identity anchor" in s.name]
+    surface = next(
+        s for s in surfaces("gp", 0, "diloco_tuned", "m1") if s.name == "outer ridge at the identity anchor (measured)"
+    )
 
     def formula(labels: dict[str, str]) -> float:
         parts = dict(part.split("=") for part in labels["technique.diloco.outer_optimizer"].split(","))
