@@ -408,7 +408,7 @@ def build_report(runs: list[Run]) -> StudyReport:
     if spec is None:
         return StudyReport(runs, groups, spec)
     found = tunings(spec, runs) if spec.tuned else {}
-    judged = judging_groups(groups)
+    judged = at_winners(spec, judging_groups(groups), found)
     crossings = ladder_crossings(spec, judged)
     if crossings:
         return StudyReport(runs, groups, spec, ladder_verdicts(spec, crossings, found), found)
@@ -421,6 +421,20 @@ def build_report(runs: list[Run]) -> StudyReport:
 def judging_groups(groups: list[Group]) -> list[Group]:
     """The groups the claims judge: neither tuning runs nor a held-out size's."""
     return [group for group in groups if group.phase not in ("tune", HELD_OUT)]
+
+
+def at_winners(spec: StudySpec, groups: list[Group], found: dict[tuple[str, str], Tuning]) -> list[Group]:
+    """The judging groups at each searched arm's winner: a winner that changed (the pick's rule
+    or a budget changed and the study was resumed) leaves its predecessor's judging runs in the
+    folder, which no longer judge the arm (the plan's looks leave them out the same way)."""
+    kept = []
+    for group in groups:
+        space = spec.spaces.get(group.arm)
+        crossing = set(crossed_with(group.runs[0], spec)) if space is not None else set()
+        winners = [t.winner for (arm, label), t in found.items() if arm == group.arm and set(label.split()) <= crossing]
+        if space is None or not space.dimensions or not winners or space.point_of(group.runs[0].overrides) in winners:
+            kept.append(group)
+    return kept
 
 
 def ladder_crossings(spec: StudySpec, judged: list[Group]) -> dict[tuple[str, ...], list[Group]]:
@@ -441,7 +455,7 @@ def every_size_trends(report: StudyReport) -> list[Verdict]:
     spec = report.spec
     if spec is None or not any(c.trend for c in spec.claims) or all(t.tuned for t in report.tunings.values()):
         return []
-    crossings = ladder_crossings(spec, judging_groups(report.groups))
+    crossings = ladder_crossings(spec, at_winners(spec, judging_groups(report.groups), report.tunings))
     if not crossings:
         return []
     verdicts = ladder_verdicts(spec, crossings, report.tunings, leave_out_untuned=False)

@@ -456,3 +456,33 @@ def test_the_size_table_gives_each_method_s_losses_and_its_paired_gap_to_data_pa
     )
     gap = gaps["m2"] - 0.05 * math.log10(sizes[3] / 104_688)
     assert table[5].endswith(f"| {gap:+.4f} (2) |"), table[5]
+
+
+def test_the_report_judges_each_arm_at_its_current_winner_only(tmp_path: Path) -> None:
+    """A winner that changed when a study was resumed under another pick (the tuned ladder's
+    data parallelism at 0.3M: 5.66e-3, then 4e-3) leaves its predecessor's judging runs in the
+    folder: the report judges the arm on the winner's runs alone (before: two groups of one arm,
+    so the claim said no finished run of it)."""
+    preset = OmegaConf.load(REPO / "conf" / "sweep" / "scaling_ladder_tuned.yaml")
+    study = OmegaConf.to_container(preset.study)
+    sweep, job = tmp_path / "sweep", 0
+
+    def run(model: str, arm: str, seed: int, loss: float, settings: tuple, phase: str = "judge") -> None:
+        nonlocal job
+        write_run(sweep / str(job), model, arm, seed, loss, study, settings, phase)
+        job += 1
+
+    for lr, loss in (("0.004", 2.05), ("0.008", 2.0)):  # the search as it stands: 8e-3 leads
+        run("ladder_0_1m", "dp", 1, loss, (f"optimizer.lr={lr}",), "tune")
+    for seed in (2, 3):
+        run("ladder_0_1m", "dp", seed, 2.5, ("optimizer.lr=0.004",))  # an earlier winner's judging runs
+        run("ladder_0_1m", "dp", seed, 2.0 + 0.01 * seed, ("optimizer.lr=0.008",))
+        run("ladder_0_3m", "dp", seed, 1.8, ("optimizer.lr=0.008",))
+    report = study_report([sweep])
+    from analysis.report import at_winners, judging_groups
+
+    kept = at_winners(report.spec, judging_groups(report.groups), report.tunings)
+    at_small = [g for g in kept if g.arm == "dp" and "model=ladder_0_1m" in g.runs[0].overrides]
+    (group,) = at_small
+    assert {r.setting("seed") for r in group.runs} == {2, 3} and "optimizer.lr=0.008" in group.runs[0].overrides
+    assert len([g for g in judging_groups(report.groups) if g.arm == "dp"]) == 3
