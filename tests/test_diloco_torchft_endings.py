@@ -122,11 +122,20 @@ def test_a_straggler_ends_behind_in_one_line_or_on_the_final_weights(tmp_path, t
         assert codes[2] == STALE_WEIGHTS_EXIT, logs[2][-3000:]
         assert last_own_line(logs[2]).startswith("error: replica group 2 ended ")
         assert "behind the run (its last rounds discarded: 1 group(s) joined it, fewer than min_groups=2)" in logs[2]
-        assert re.search(
-            r"replica group 2 has committed none of its last 1 round\(s\) \(1 group\(s\) joined it, fewer than"
-            r" min_groups=2\): it takes [\d.]+ s per global step, its peers ([\d.]+ s|not known)",
+        # The stall warning quotes the peers' pace while they are alive; once both fast groups
+        # have finished (no heartbeat at the lighthouse) it says no other group is alive.
+        stalled = re.search(
+            r"\[([\d :,-]+)\]\[callbacks.diloco.callback\]\[WARNING\] - replica group 2 has committed none of its"
+            r" last 1 round\(s\) \(1 group\(s\) joined it, fewer than min_groups=2\): (it takes [\d.]+ s per global"
+            r" step, its peers ([\d.]+ s|not known)|no other group is alive)",
             logs[2],
         )
+        assert stalled, logs[2][-3000:]
+        if stalled.group(2) == "no other group is alive":
+            ends = [
+                re.search(r"\[([\d :,-]+)\]\[launch.training\]\[INFO\] - finished at step", log) for log in logs[:2]
+            ]
+            assert all(end and end.group(1) < stalled.group(1) for end in ends), (stalled.group(0), ends)
         assert "ended behind the run at step" in logs[2] and "finished at step" not in logs[2]
         assert "a quorum formed with 1 replica group(s), fewer than min_groups=2" in logs[2]
         saved = torch.load(folders[2] / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
