@@ -18,10 +18,10 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
-from launch.cli import fail, is_rank_zero, run_cli
 from common.errors import STALE_WEIGHTS_EXIT, StaleWeights, UserError
-from settings.from_config import read_settings
-from settings.run_settings import RunSettings
+from launch.cli import fail, is_rank_zero, run_cli
+from launch.from_config import read_settings
+from launch.run_settings import RunSettings
 from launch.sweep_jobs import SweepJob, claim_folder, report_busy, report_resume, report_skip, report_stopped
 
 HYDRA_ONLY = {".hydra", "train.log"}  # what Hydra writes into a run folder before the run starts

@@ -27,11 +27,12 @@ from pathlib import Path
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.pyplot as plt
 
-from analysis.report import markdown_table  # noqa: E402
-from analysis.runs import STEP, Run  # noqa: E402
-from common.errors import ConfigError  # noqa: E402
+from analysis.markdown_table import markdown_table
+from analysis.runs import STEP, Run
+from analysis.student_t import t_quantile
+from common.errors import ConfigError
 
 NOISE_SCALE = "adaptive_bs/noise_scale"
 
@@ -310,7 +311,6 @@ def growth(points_by_size: dict[float, list[BranchPoint]]) -> Growth:
     residual = target - design @ coefficients
     dof = len(rows) - 3
     covariance = residual @ residual / dof * np.linalg.pinv(design.T @ design)
-    from study.claim_tests import t_quantile
 
     half = t_quantile(dof) * np.sqrt(np.diag(covariance))
     exponent = lambda i: (float(coefficients[i]), float(coefficients[i] - half[i]), float(coefficients[i] + half[i]))  # noqa: E731

@@ -31,18 +31,14 @@ from laws in N fitted to the other sizes' winners (``study/setting_laws.py``), r
 
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import numpy as np
 import yaml
 
 from analysis.runs import METRICS, Run, load_run
 from analysis.scaling_laws import PowerLaw, fit_power_law, fit_power_law_offset, parameter_count
+from analysis.student_t import t_quantile
 from common.errors import ConfigError, UserError
-from study.search_space import Point
-
-if TYPE_CHECKING:
-    from study.preset import StudySpec
 
 #: Fewest sizes a fit over N takes (the offset form has three coefficients).
 MIN_SIZES = 3
@@ -207,7 +203,6 @@ def refits(members: list[Rung], at: float) -> list[float]:
 def seed_noise(members: list[Rung], seeds: int) -> float:
     """The 95% half-width of a k-seed mean's noise: t * s / sqrt(k), s pooled over the fitted
     sizes' seeds (t with their pooled degrees of freedom)."""
-    from study.claim_tests import t_quantile
 
     squares = sum(float(np.sum((np.array(list(r.losses.values())) - r.loss) ** 2)) for r in members)
     df = sum(len(r.losses) - 1 for r in members)
@@ -287,20 +282,6 @@ def write_prediction(
     ]
     (dirs[0] / PREDICTION).write_text(yaml.safe_dump([p.as_dict() for p in predictions], sort_keys=False))
     return predictions
-
-
-def searched_winners(runs: list[Run], spec: "StudySpec") -> dict[str, list[tuple[int, Point]]]:
-    """Per searched method, each searched size's winner: its parameter count and its point,
-    read from a judging run's overrides (the held-out size's settings are off the grids)."""
-    found: dict[str, dict[int, Point]] = {}
-    for run in runs:
-        space = spec.spaces.get(run.arm) if run.arm else None
-        if space is None or not space.dimensions or run.phase != "judge":
-            continue
-        point = space.point_of(run.overrides)
-        if point is not None:
-            found.setdefault(run.arm, {})[parameter_count(run.setting("model"))] = point
-    return {arm: sorted(winners.items()) for arm, winners in found.items()}
 
 
 def joint_fit(found: list[Rung]) -> PowerLaw | None:

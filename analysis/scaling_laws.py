@@ -22,10 +22,10 @@ import matplotlib
 import numpy as np
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-from matplotlib.ticker import FuncFormatter  # noqa: E402
+import matplotlib.pyplot as plt
+from matplotlib.ticker import FuncFormatter
 
-from analysis.runs import Run  # noqa: E402
+from analysis.runs import Run
 
 # Charles et al. 2025, "Communication-Efficient Language Model Training Scales Reliably and
 # Robustly: Scaling Laws for DiLoCo" (arXiv 2503.09799), Table 4: C4 evaluation loss, in nats
@@ -210,7 +210,8 @@ class Result:
 def parameter_count(model: dict) -> int:
     """Parameters of a run's model config, counted on the meta device (no memory used)."""
     # Imported here: torch takes seconds to import, and fits of tabled losses never need it.
-    from lightning_modules.llama import LlamaSettings, count_parameters
+    from lightning_modules.llama import count_parameters
+    from lightning_modules.llama_settings import LlamaSettings
 
     fields = {key: value for key, value in model.items() if key != "_target_"}
     if fields.get("vocab_size") is None:

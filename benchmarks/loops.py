@@ -22,12 +22,12 @@ from hydra import compose, initialize_config_dir
 
 from benchmarks.memory_logger import MemoryLogger
 from launch.builders import build_callbacks, build_datamodule, build_module, build_trainer
+from launch.from_config import read_settings
+from launch.run_settings import RunSettings
 from lightning_modules.llama import Llama, seed_from_global_rng
 from lightning_modules.lr_schedule import learning_rate
 from lightning_modules.meta_init import materialize_and_init
 from lightning_modules.parallelism import apply_layout, attention_backend
-from settings.from_config import read_settings
-from settings.run_settings import RunSettings
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -20,7 +20,8 @@ import torch.multiprocessing as mp
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import fully_shard
 
-from lightning_modules.llama import Llama, LlamaSettings
+from lightning_modules.llama import Llama
+from lightning_modules.llama_settings import LlamaSettings
 from lightning_modules.meta_init import materialize_and_init
 
 MODEL_CONF = Path(__file__).resolve().parents[1] / "conf" / "model"

@@ -16,7 +16,8 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.tensor import DTensor
 
 from benchmarks.meta_init_memory import free_port, join_process_group
-from lightning_modules.llama import Llama, LlamaSettings, rotary_cos_sin
+from lightning_modules.llama import Llama, rotary_cos_sin
+from lightning_modules.llama_settings import LlamaSettings
 from lightning_modules.parallelism import apply_fsdp2
 from lightning_modules.tensor_parallel import apply_tensor_parallel
 

@@ -33,10 +33,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from study.search_space import Point, SearchSpace, parse_search
+from launch.from_config import config_file
 from study.preset import StudySpec
+from study.search_space import Point, SearchSpace, parse_search
 from study.tuner import Search, Tuning
-from settings.from_config import config_file
 
 REPO = Path(__file__).resolve().parents[1]
 #: The study whose DiLoCo search the surfaces use unless told another (``--preset``, ``--arm``).

@@ -29,12 +29,38 @@ from pathlib import Path
 
 import torch
 
+from benchmarks.tiny_run import TINY_RUN
+
 REPO = Path(__file__).resolve().parents[1]
 #: torchft's lighthouse binary, installed beside this Python (a venv's bin/ need not be on PATH).
 LIGHTHOUSE = shutil.which("torchft_lighthouse", path=str(Path(sys.executable).parent)) or "torchft_lighthouse"
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "WANDB_MODE": "offline", "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
 REJOINED = "rejoined the DiLoCo replica groups"
 DISCARDED = "round discarded at global step"
+
+
+#: Global steps between the fault runs' DiLoCo rounds, each round's end a checkpoint.
+FAULT_SYNC_EVERY = 4
+
+
+def fault_run(replicas: int, steps: int) -> list[str]:
+    """The run the fault tests and the chaos benchmark give their groups: the tiny run, DiLoCo
+    over ``replicas`` groups of 2 sequences per global step, a checkpoint every round, CSV logs,
+    torchft timeouts short enough that a killed peer is noticed, ``steps`` global steps of tokens."""
+    return [
+        *TINY_RUN,
+        "+technique=diloco",
+        f"technique.diloco.replicas={replicas}",
+        "batch.micro_batch_size=2",
+        f"batch.global_batch_size={2 * replicas}",
+        f"technique.diloco.sync_every={FAULT_SYNC_EVERY}",
+        "logger=csv",
+        "callbacks.validation_schedule.every_n_steps=100000",
+        f"callbacks.model_checkpoint.every_n_train_steps={FAULT_SYNC_EVERY}",
+        "technique.diloco.torchft.timeout_s=10",
+        "technique.diloco.torchft.quorum_timeout_s=120",
+        f"token_budget={steps * 2 * replicas * 32}",  # global steps x sequences x tokens
+    ]
 
 
 def free_port() -> int:
@@ -319,7 +345,7 @@ def trained_rows(
 
 def _tokens_per_row(folder: Path) -> int:
     """Tokens per sequence, from the run's resolved config."""
-    from settings.from_config import config_file
+    from launch.from_config import config_file
 
     return int(config_file(folder / ".hydra" / "config.yaml")["data"]["seq_len"])
 

@@ -26,8 +26,8 @@ from pathlib import Path
 from benchmarks.torchft_groups import (
     LIGHTHOUSE,
     Lighthouse,
-    final_weights,
     ending_problems,
+    final_weights,
     row_log,
     start_group,
     trained_rows,

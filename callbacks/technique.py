@@ -9,8 +9,9 @@ rest of the run, before the heavy imports, tokenization or any process start, an
 ``check_services(run)`` (a torchft lighthouse reachable) as the run starts, before any
 logger. Only then is the callback built with ``build(run)``.
 
-This module and the settings modules stay free of torch and Lightning, so that a config
-error appears within a second or two.
+This module and the settings modules import neither torch nor Lightning (a method that
+needs them imports them inside it), so that a config error appears within about a second;
+``tests/test_layers.py`` holds them to it.
 """
 
 from abc import ABC, abstractmethod

@@ -21,6 +21,7 @@ import lightning as L
 from torch.utils.data import DataLoader
 
 from common.data_groups import DataGroups
+from common.errors import CheckpointError, ConfigError, DataError
 from data.batches import ChainedBatches, TrainBatches, ValidationBatches
 from data.config_checks import as_plain_dict, check_seq_len
 from data.content_digest import cached_digest
@@ -30,10 +31,9 @@ from data.packing import PackedRows
 from data.sampler import ResumableRankSampler, check_position
 from data.sources import DocumentSource, build_source
 from data.split import ValidationSplit
-from data.token_files import TokenFiles
 from data.token_cache import HF_DATASETS_SUBDIR, build_token_cache, cache_fingerprint, open_token_cache
+from data.token_files import TokenFiles
 from data.tokenizers import Tokenizer, build_tokenizer, check_tokenizer_config
-from common.errors import CheckpointError, ConfigError, DataError
 
 log = logging.getLogger(__name__)
 

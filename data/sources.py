@@ -16,11 +16,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from common.errors import ConfigError, DataError
 from data.config_checks import check_kind_and_keys, one_line, optional_positive_int, required_string
 from data.corpus_checks import check_utf8, describe_files, json_problem
 from data.file_paths import resolve_paths
 from data.token_files import TokenFiles, token_files
-from common.errors import ConfigError, DataError
 
 SETTING = "data.source"
 CAP_KEYS = ("skip_documents", "max_documents", "max_tokens")

@@ -41,12 +41,12 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
+from common.errors import DataError
 from data.fingerprint import digest_json
 from data.sources import DocumentSource
-from data.token_files import TokenFiles
 from data.split import ValidationSplit
+from data.token_files import TokenFiles
 from data.tokenizers import Tokenizer
-from common.errors import DataError
 
 CACHE_VERSION = 2
 SHARD_DOCUMENTS = 50_000  # documents per shard: what an interrupted build redoes at most

@@ -25,10 +25,10 @@ from typing import Any
 from tokenizers import AddedToken, decoders, models, pre_tokenizers
 from tokenizers import Tokenizer as LibraryTokenizer
 
+from common.errors import DataError
 from data.bpe import EOS_TOKEN
 from data.datamodule import TextDataModule
 from data.tokenizers import JsonTokenizer, Tokenizer, check_tokenizer_config
-from common.errors import DataError
 from lightning_modules.hf_interop import TokenizerIds
 
 BYTE_VOCAB = 256

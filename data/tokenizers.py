@@ -24,10 +24,10 @@ from typing import Any, Protocol
 import numpy as np
 from tokenizers import Tokenizer as LibraryTokenizer
 
+from common.errors import ConfigError, DataError
 from data.bpe import EOS_TOKEN, load_or_train_bpe
 from data.config_checks import check_kind_and_keys, one_line, required_string
 from data.fingerprint import digest
-from common.errors import ConfigError, DataError
 
 SETTING = "data.tokenizer"
 TOKENIZER_KEYS: dict[str, tuple[str, ...]] = {

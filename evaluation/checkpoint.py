@@ -17,9 +17,9 @@ from typing import Any
 
 import torch
 
+from common.errors import CheckpointError
 from data.datamodule import TextDataModule
 from data.tokenizers import Tokenizer
-from common.errors import CheckpointError
 from lightning_modules.hf_interop import CheckpointContents, read_lightning_checkpoint
 from lightning_modules.llama import Llama
 from lightning_modules.training_state import WEIGHTS_NOTE

@@ -32,13 +32,13 @@ from typing import Any
 
 import yaml
 
+from common.errors import ConfigError, DataError
 from data.config_checks import as_plain_dict
 from data.fingerprint import digest_json
 from data.sources import DocumentSource, build_source
 from data.split import ValidationSplit
 from data.token_cache import HF_DATASETS_SUBDIR
 from evaluation.harness import TaskSpec
-from common.errors import ConfigError, DataError
 
 TASK_NAME = "corpus_cloze"
 DEFAULT_K = 500

@@ -38,8 +38,8 @@ from lm_eval.api.model import LM
 from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 from torch import nn
 
-from data.tokenizers import Tokenizer
 from common.errors import ConfigError
+from data.tokenizers import Tokenizer
 
 DEFAULT_BATCH_SIZE = 16
 DEFAULT_MAX_GEN_TOKS = 256  # lm-eval's default generation budget

@@ -11,9 +11,9 @@ from lightning.pytorch.strategies import Strategy
 
 from common.errors import ConfigError, UserError
 from data.datamodule import TextDataModule
+from launch.run_settings import RunSettings
 from lightning_modules.hf_interop import load_hf_pretrained
 from lightning_modules.llama_module import LlamaLightningModule
-from settings.run_settings import RunSettings
 
 
 def instantiate_checked(spec: dict[str, Any], key: str, **kwargs: Any) -> Any:

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from common.errors import CheckpointError
-from lightning_modules.llama import LlamaSettings
+from lightning_modules.llama_settings import LlamaSettings
 
 SHAPE_FIELDS = ("vocab_size", "n_layers", "d_model", "n_heads", "n_kv_heads", "mlp_hidden", "tie_embeddings")
 

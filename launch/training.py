@@ -15,7 +15,7 @@ from common.errors import StaleWeights
 from launch.builders import build_callbacks, build_datamodule, build_loggers, build_module, build_trainer, close_loggers
 from launch.console import quiet_console
 from launch.resume import check_resume
-from settings.run_settings import RunSettings
+from launch.run_settings import RunSettings
 
 log = logging.getLogger(__name__)
 

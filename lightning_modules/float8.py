@@ -33,9 +33,6 @@ from torch import nn
 
 log = logging.getLogger(__name__)
 
-FLOAT8_RECIPES = ("none", "tensorwise", "rowwise")
-# torch._scaled_mm needs both dimensions of every float8 matmul to be multiples of 16.
-FLOAT8_DIM_MULTIPLE = 16
 FLOAT8_MIN_CAPABILITY = (8, 9)  # Ada (L4, L40S) and Hopper (H100, H200) have float8 tensor cores
 BLOCKS_PREFIX = "layers."
 

@@ -16,7 +16,8 @@ HFU (hardware FLOPs utilisation) also counts work that activation checkpointing
 recomputes: one more forward of every checkpointed block (``full``) or MLP (``mlp``).
 """
 
-from lightning_modules.llama import LlamaSettings, count_parameters
+from lightning_modules.llama import count_parameters
+from lightning_modules.llama_settings import LlamaSettings
 
 # Dense bf16 peak FLOP/s per device (no structured sparsity), from the vendors' data sheets,
 # by the exact name ``torch.cuda.get_device_name`` reports: a substring match would give an

@@ -20,7 +20,8 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from common.errors import CheckpointError, ConfigError
-from lightning_modules.llama import Llama, LlamaSettings
+from lightning_modules.llama import Llama
+from lightning_modules.llama_settings import LlamaSettings
 
 # Written into config.json; only a hint for inference tools, since rotary embeddings have no
 # length limit here. 4096 is Llama-2's training context.

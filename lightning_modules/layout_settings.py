@@ -10,12 +10,14 @@ and torchao installed, float8 tensor cores, and the memory plan on a GPU).
 import logging
 import os
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from common.errors import ConfigError
-from lightning_modules.float8 import FLOAT8_DIM_MULTIPLE, FLOAT8_RECIPES, float8_device_problem, torchao_available
-from lightning_modules.memory_plan import MemoryPlan, PipelineShape, check_fits, memory_plan
 from settings.run_context import RunContext
 from settings.section import Section
+
+if TYPE_CHECKING:
+    from lightning_modules.memory_plan import MemoryPlan
 
 log = logging.getLogger(__name__)
 
@@ -28,6 +30,9 @@ COMPILE_MODES = ("default", "max-autotune-no-cudagraphs")
 LOSSES = ("plain", "chunked", "liger")
 ATTENTION_BACKEND_NAMES = ("auto", "flash", "efficient", "cudnn", "math")
 SHARDING_STRATEGIES = ("fsdp", "fsdp2")
+FLOAT8_RECIPES = ("none", "tensorwise", "rowwise")
+# torch._scaled_mm needs both dimensions of every float8 matmul to be multiples of 16.
+FLOAT8_DIM_MULTIPLE = 16
 PIPELINE_SCHEDULES = ("gpipe", "1f1b", "interleaved_1f1b")  # pipeline_parallel.SCHEDULES
 
 
@@ -111,7 +116,7 @@ class LayoutSettings(Section):
         return self.loss == "liger" or self.liger_kernels
 
     def check(self, run: RunContext) -> None:
-        if run.strategy != "fsdp2" and not self.reshard_after_forward:
+        if run.strategy_name != "fsdp2" and not self.reshard_after_forward:
             raise ConfigError("layout.reshard_after_forward=false only applies to strategy=fsdp2.")
         if self.checkpoint_every > 1 and self.activation_checkpointing == "none":
             raise ConfigError(
@@ -135,24 +140,26 @@ class LayoutSettings(Section):
     def gathers_bf16_weights(self, run: RunContext) -> bool:
         """Whether a mixed-precision policy computes with bf16 copies of the weights: FSDP1
         under a bf16 precision (Lightning's policy), FSDP2 with ``fsdp_mixed_precision``."""
-        if run.strategy == "fsdp":
+        if run.strategy_name == "fsdp":
             return "bf16" in run.precision
-        return run.strategy == "fsdp2" and self.fsdp_mixed_precision
+        return run.strategy_name == "fsdp2" and self.fsdp_mixed_precision
 
-    def memory_plan(self, run: RunContext) -> MemoryPlan:
+    def memory_plan(self, run: RunContext) -> "MemoryPlan":
         """One device's memory on paper (``memory_plan.py``), each stage's weights sharded over
         every process that holds it under FSDP (services phase: the model's vocabulary comes
         from the tokenizer)."""
-        fsdp = run.strategy in SHARDING_STRATEGIES
+        from lightning_modules.memory_plan import PipelineShape, memory_plan  # torch (parameters counted on meta)
+
+        fsdp = run.strategy_name in SHARDING_STRATEGIES
         stages = run.pipeline_parallel_size
-        batch = run.global_batch()
+        batch = run.global_batch
         pipeline = None
         if stages > 1 and batch is not None:
             pipeline = PipelineShape(stages, self.pipeline_schedule, self.stages_per_rank, batch.accumulation)
         return memory_plan(
             run.model_with_vocab(),
             precision=run.precision,
-            optimizer=run.optimizer,
+            optimizer=run.optimizer_kind,
             shards=run.world_size // stages if fsdp and run.world_size else 1,
             pipeline=pipeline,
             bf16_weights=self.gathers_bf16_weights(run),
@@ -173,7 +180,7 @@ class LayoutSettings(Section):
                     "layout.float8_emulate=true has no effect with layout.float8=none; set layout.float8=tensorwise or rowwise."
                 )
             return
-        if run.strategy == "fsdp":
+        if run.strategy_name == "fsdp":
             raise ConfigError(
                 f"layout.float8={recipe} does not compose with strategy=fsdp (FSDP1 flattens the weights torchao"
                 " casts); use strategy=fsdp2."
@@ -263,7 +270,7 @@ class LayoutSettings(Section):
                 raise ConfigError(
                     f"{key}={value} does not compose with strategy.pipeline_parallel_size={size} yet; set {key}={needed}."
                 )
-        batch = run.global_batch()
+        batch = run.global_batch
         if batch is not None and batch.accumulation < size:
             bubble = (size - 1) / (batch.accumulation + size - 1)
             raise ConfigError(
@@ -274,6 +281,8 @@ class LayoutSettings(Section):
             )
 
     def _check_float8_available(self) -> None:
+        from lightning_modules.float8 import float8_device_problem, torchao_available
+
         recipe = self.float8
         if recipe == "none":
             return
@@ -300,6 +309,8 @@ class LayoutSettings(Section):
     def _check_device_memory(self, run: RunContext) -> None:
         """On a GPU run: refuse a model whose states cannot fit, and log the plan per device."""
         import torch
+
+        from lightning_modules.memory_plan import check_fits
 
         if run.accelerator == "cpu" or not torch.cuda.is_available():
             return

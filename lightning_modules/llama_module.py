@@ -23,28 +23,30 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp.wrap import wrap
 
-from lightning_modules.step_callback import StepCallback
 from common.data_groups import DataGroups
 from lightning_modules.float8 import float8_all_gather, precompute_fsdp_scales
 from lightning_modules.fused_cross_entropy import IGNORE_INDEX
 from lightning_modules.global_batch import BatchSettings, GlobalBatch
-from lightning_modules.llama import Llama, LlamaSettings, seed_from_global_rng
-from lightning_modules.meta_init import fsdp1_param_init_fn, materialize_and_init
+from lightning_modules.llama import Llama, seed_from_global_rng
+from lightning_modules.llama_settings import LlamaSettings
 from lightning_modules.lr_schedule import LRScheduleSettings, learning_rate
-from lightning_modules.optimizers.settings import OptimizerSettings, group_settings, restore_group_settings
-from lightning_modules.resume_notes import resume_notes
+from lightning_modules.meta_init import fsdp1_param_init_fn, materialize_and_init
+from lightning_modules.optimizers.parameter_groups import group_settings, restore_group_settings
+from lightning_modules.optimizers.settings import OptimizerSettings
 from lightning_modules.parallelism import (
     LayoutSettings,
     apply_layout,
     attention_backend,
     clip_grad_norm,
     data_parallel_mesh,
-    tensor_parallel_mesh,
     set_gradient_sync,
+    tensor_parallel_mesh,
 )
 from lightning_modules.pipeline_parallel import Pipeline, RankStages, split_data_parallel
-from lightning_modules.training_state import WEIGHTS_NOTE, TrainingState
+from lightning_modules.resume_notes import resume_notes
+from lightning_modules.step_callback import StepCallback
 from lightning_modules.tensor_parallel import loss_context
+from lightning_modules.training_state import WEIGHTS_NOTE, TrainingState
 
 PROGRESS_BAR_KEYS = (
     "train/loss",

@@ -18,7 +18,6 @@ count does not depend on how those tokens were batched once warmup is over.
 
 import math
 from dataclasses import dataclass
-
 from typing import TYPE_CHECKING
 
 from common.errors import ConfigError

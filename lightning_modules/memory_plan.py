@@ -50,7 +50,8 @@ parallelism. The plan is the rank that needs the most.
 from dataclasses import dataclass
 
 from common.errors import ConfigError
-from lightning_modules.llama import LlamaSettings, count_parameters
+from lightning_modules.llama import count_parameters
+from lightning_modules.llama_settings import LlamaSettings
 from lightning_modules.pipeline_stages import rank_stages, stage_blocks
 
 GIB = 2**30

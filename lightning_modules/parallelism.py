@@ -14,11 +14,11 @@ import torch
 import torch.distributed as dist
 import torch.fx.experimental._config as fx_config
 from torch import nn
+from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor
-from torch.nn.parallel import DistributedDataParallel
 from torch.nn.attention import SDPBackend, sdpa_kernel
-from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+from torch.nn.parallel import DistributedDataParallel
 
 from lightning_modules.float8 import convert_to_float8
 from lightning_modules.layout_settings import LayoutSettings

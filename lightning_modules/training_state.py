@@ -43,8 +43,8 @@ from torch import nn
 
 from lightning_modules.clock import TrainingClock
 from lightning_modules.global_batch import GlobalBatch
-from lightning_modules.llama import LlamaSettings
-from lightning_modules.parallelism import LayoutSettings
+from lightning_modules.layout_settings import LayoutSettings
+from lightning_modules.llama_settings import LlamaSettings
 
 Batch = dict[str, torch.Tensor]
 SequenceCutter = Callable[[Batch], Batch]

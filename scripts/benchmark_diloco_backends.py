@@ -26,7 +26,8 @@ import sys
 import time
 from pathlib import Path
 
-from benchmarks.torchft_groups import ENV, REPO, Lighthouse, metric as column
+from benchmarks.torchft_groups import ENV, REPO, Lighthouse
+from benchmarks.torchft_groups import metric as column
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

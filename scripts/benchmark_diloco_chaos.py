@@ -28,25 +28,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from benchmarks.torchft_groups import ENV, REPO, row_log, rows, run_chaos
+from benchmarks.torchft_groups import ENV, FAULT_SYNC_EVERY, REPO, fault_run, row_log, rows, run_chaos
 from benchmarks.torchft_scenarios import SCENARIOS, straggler_at_the_end
-
-SYNC_EVERY = 4
-TINY = [
-    "model.n_layers=2",
-    "model.d_model=32",
-    "model.n_heads=4",
-    "model.n_kv_heads=2",
-    "model.mlp_hidden=64",
-    "data.seq_len=32",
-    "data.source.max_documents=600",
-    "data.val_max_rows=16",
-    "optimizer=adamw",
-    "optimizer.lr=4e-3",
-    "lr_schedule.warmup_steps=2",
-    "trainer.log_every_n_steps=1",
-    "trainer.num_sanity_val_steps=0",
-]
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -63,23 +46,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 #: Groups per combined failure (a second process and a lighthouse restart need only two).
 CASE_GROUPS = {"second_process": 2, "lighthouse_restart": 2}
-
-
-def overrides(steps: int, replicas: int = 3) -> list[str]:
-    return [
-        *TINY,
-        "+technique=diloco",
-        f"technique.diloco.replicas={replicas}",
-        "batch.micro_batch_size=2",
-        f"batch.global_batch_size={2 * replicas}",
-        f"technique.diloco.sync_every={SYNC_EVERY}",
-        "logger=csv",
-        "callbacks.validation_schedule.every_n_steps=100000",
-        f"callbacks.model_checkpoint.every_n_train_steps={SYNC_EVERY}",
-        "technique.diloco.torchft.timeout_s=10",
-        "technique.diloco.torchft.quorum_timeout_s=120",
-        f"token_budget={steps * 2 * replicas * 32}",
-    ]
 
 
 def reference_rows(folder: Path, cache: Path, run: list[str]) -> dict[int, list[str]]:
@@ -100,15 +66,15 @@ def reference_rows(folder: Path, cache: Path, run: list[str]) -> dict[int, list[
 
 def random_kills(args: argparse.Namespace, cache: Path) -> bool:
     """The chaos run: ``--kills`` kills of a random group; its table row; whether it ended right."""
-    reference = reference_rows(args.out / "reference", cache, overrides(args.steps))
+    reference = reference_rows(args.out / "reference", cache, fault_run(3, args.steps))
     result = run_chaos(
         args.out / "chaos",
         cache,
-        overrides(args.steps),
+        fault_run(3, args.steps),
         reference,
         groups=3,
         kills=args.kills,
-        sync_every=SYNC_EVERY,
+        sync_every=FAULT_SYNC_EVERY,
         pace_s=args.pace,
         seed=args.seed,
         timeout_s=3600,
@@ -137,7 +103,7 @@ def combined_failures(args: argparse.Namespace, cache: Path) -> bool:
     right, references = True, {}
     for case in args.cases.split(","):
         replicas = CASE_GROUPS.get(case, 3)
-        run = overrides(args.case_steps, replicas)
+        run = fault_run(replicas, args.case_steps)
         if replicas not in references:  # one uninterrupted run per M serves every case of that M
             references[replicas] = reference_rows(args.out / f"reference_{replicas}", cache, run)
         reference = references[replicas]

@@ -33,9 +33,7 @@ from pathlib import Path
 
 import yaml
 
-REPO = Path(__file__).resolve().parents[1]
-
-from analysis.critical_batch import (  # noqa: E402
+from analysis.critical_batch import (
     BaseRun,
     branch_arms,
     branch_points,
@@ -45,11 +43,13 @@ from analysis.critical_batch import (  # noqa: E402
     points_table,
     summary_table,
 )
-from analysis.scaling_laws import parameter_count  # noqa: E402
-from analysis.runs import find_runs  # noqa: E402
-from common.errors import ConfigError, UserError  # noqa: E402
-from common.overrides import override_key  # noqa: E402
-from launch.cli import exit_code  # noqa: E402
+from analysis.runs import find_runs
+from analysis.scaling_laws import parameter_count
+from common.errors import ConfigError, UserError
+from common.overrides import override_key
+from launch.cli import exit_code
+
+REPO = Path(__file__).resolve().parents[1]
 
 BRANCH_PRESET = "critical_batch_branches"
 #: What the script sets per run; an override of them would replace the branches' own.
@@ -141,8 +141,20 @@ def write_branch_preset(path: Path, arms: dict[str, list[str]]) -> None:
     path.write_text(header + yaml.safe_dump(preset, sort_keys=False, width=200))
 
 
+def writable_folder(path: Path, flag: str) -> Path:
+    """``path`` created if missing: a path that cannot be a folder is the user's one-line mistake,
+    found before any run starts."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise UserError(
+            f"{flag} {path}: cannot create this folder ({error.strerror}); give a folder you can write to."
+        ) from None
+    return path.resolve()
+
+
 def measure(args: argparse.Namespace) -> None:
-    folder = args.dir.resolve()
+    folder = writable_folder(args.dir, "--dir")
     seeds = ",".join(map(str, args.seeds))
     train(
         [
@@ -203,8 +215,7 @@ def compare(folders: list[Path], tolerance: float, out: Path | None = None) -> N
         f" ({found.points} points, {found.censored} at the grid's top, {found.at_floor} at its floor, where B* is at most the"
         f" smallest batch): the critical batch {found.verdict()}."
     )
-    out = out or folders[0] / "report"
-    out.mkdir(parents=True, exist_ok=True)
+    out = writable_folder(out, "--out") if out else writable_folder(folders[0] / "report", "--compare")
     plot_by_size(by_size, out / "critical_batch_by_size.png")
     print(f"wrote {out / 'critical_batch_by_size.png'}", file=sys.stderr)
 

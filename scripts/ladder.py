@@ -36,9 +36,9 @@ import numpy as np
 import yaml
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.pyplot as plt
 
-from analysis.ladder import (  # noqa: E402
+from analysis.ladder import (
     HELD_OUT,
     PREDICTION,
     Prediction,
@@ -47,21 +47,27 @@ from analysis.ladder import (  # noqa: E402
     joint_fit,
     lr_fit,
     model_name,
-    rungs,
     run_models,
-    searched_winners,
+    rungs,
     write_prediction,
 )
-from analysis.report import build_report, every_size_trends, study_spec, verdict_table  # noqa: E402
-from analysis.tuning_report import tuning_table  # noqa: E402
-from study.archive import machine_of  # noqa: E402
-from study.preset import StudySpec  # noqa: E402
-from study.setting_laws import MAJORITY, MIN_SIZES, POWER_LAW, SettingLaw, setting_laws  # noqa: E402
-from analysis.runs import find_runs  # noqa: E402
-from analysis.scaling_laws import parameter_count  # noqa: E402
-from common.errors import ConfigError  # noqa: E402
-from common.overrides import override_value  # noqa: E402
-from launch.cli import exit_code  # noqa: E402
+from analysis.runs import find_runs
+from analysis.scaling_laws import parameter_count
+from common.errors import ConfigError
+from common.overrides import override_value
+from launch.cli import exit_code
+from study.archive import machine_of
+from study.preset import StudySpec
+from study.report import build_report, every_size_trends, study_spec, verdict_table
+from study.setting_laws import (
+    MAJORITY,
+    MIN_SIZES,
+    POWER_LAW,
+    SettingLaw,
+    searched_winners,
+    setting_laws,
+)
+from study.tuning_report import tuning_table
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -14,7 +14,7 @@ import argparse
 from hydra.utils import instantiate
 
 from benchmarks.meta_init_memory import GB, MODEL_CONF, peak_increase_per_rank
-from settings.from_config import config_file
+from launch.from_config import config_file
 from lightning_modules.llama import count_parameters
 
 

@@ -19,7 +19,7 @@ from hydra import compose, initialize_config_dir
 from common.errors import ConfigError
 from launch.builders import instantiate_checked
 from launch.cli import COMPOSITION_ERRORS, composition_message, exit_code
-from settings.from_config import plain
+from launch.from_config import plain
 
 REPO = Path(__file__).resolve().parents[1]
 

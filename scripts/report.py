@@ -18,11 +18,9 @@ import argparse
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-
-from analysis.report import study_report, write_report
-from launch.cli import exit_code
 from common.errors import UserError
+from launch.cli import exit_code
+from study.report import study_report, write_report
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -7,6 +7,9 @@ from common.errors import ConfigError
 from settings.run_context import RunContext
 from settings.section import Section
 
+#: Strategies that read a distributed checkpoint (a folder of shards) back.
+SHARDED_CHECKPOINTS = ("fsdp", "fsdp2")
+
 
 @dataclass(frozen=True, kw_only=True)
 class JobSettings(Section):
@@ -33,9 +36,20 @@ class JobSettings(Section):
     def check_services(self, run: RunContext) -> None:
         """The Hugging Face folder to start from exists (checked as the run starts, not with the
         settings alone: documented commands name placeholder folders)."""
+        self._check_checkpoint_layout(run)
         folder = self.init_from_hf
         if folder and not (Path(folder) / "config.json").is_file():
             raise ConfigError(
                 f"init_from_hf={folder}: {Path(folder) / 'config.json'} does not exist; give a local Hugging Face Llama"
                 " folder (config.json and *.safetensors)."
+            )
+
+    def _check_checkpoint_layout(self, run: RunContext) -> None:
+        """A distributed checkpoint is a folder of shards only the sharded strategies read back;
+        Lightning's others would open the folder as a file."""
+        if self.ckpt_path and Path(self.ckpt_path).is_dir() and run.strategy_name not in SHARDED_CHECKPOINTS:
+            raise ConfigError(
+                f"ckpt_path={self.ckpt_path} is a distributed checkpoint (a folder of shards), which"
+                f" strategy={run.strategy_name} cannot read: resume with the strategy that wrote it (strategy=fsdp2, and"
+                " its process count), or give a single-file .ckpt."
             )

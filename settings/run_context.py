@@ -1,12 +1,20 @@
-"""What a section's checks see of the rest of the run: ``RunContext``."""
+"""What a section's checks see of the rest of the run: ``RunContext``.
+
+The protocol layer imports no domain package: the model, batch and schedule sections it
+carries are built by the assembly (``launch/run_settings.py``), which also derives the
+global batch, so their types are named here for readers and type checkers only.
+"""
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from common.data_groups import DataGroups
-from lightning_modules.global_batch import BatchSettings, GlobalBatch
-from lightning_modules.llama import LlamaSettings
-from lightning_modules.lr_schedule import LRScheduleSettings
+
+if TYPE_CHECKING:
+    from lightning_modules.global_batch import BatchSettings, GlobalBatch
+    from lightning_modules.llama_settings import LlamaSettings
+    from lightning_modules.lr_schedule import LRScheduleSettings
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -18,14 +26,16 @@ class RunContext:
     """
 
     world_size: int | None
-    strategy: str
+    #: The ``strategy`` config choice's name (``single_device``, ``ddp``, ``fsdp``, ``fsdp2``).
+    strategy_name: str
     accelerator: str
     precision: str
-    model: LlamaSettings
-    optimizer: str
-    batch: BatchSettings
+    model: "LlamaSettings"
+    #: The optimizer's ``kind`` (``adamw``, ``muon``), as checkpoints record it.
+    optimizer_kind: str
+    batch: "BatchSettings"
     token_budget: int | None
-    lr_schedule: LRScheduleSettings
+    lr_schedule: "LRScheduleSettings"
     max_steps: int
     seq_len: int
     save_distributed_checkpoint: bool
@@ -40,8 +50,10 @@ class RunContext:
     data_groups: DataGroups = DataGroups()
     #: The micro-batch every rank runs; None while the process count is unknown.
     micro_batch_size: int | None = None
+    #: The global batch arithmetic of this run; None while the process count is unknown.
+    global_batch: "GlobalBatch | None" = None
     #: The resolved config less its per-job keys, as (key, value) pairs: what jobs that train
-    #: one model together must agree on (``settings/from_config.py``).
+    #: one model together must agree on (``launch/from_config.py``).
     shared_settings: tuple[tuple[str, str], ...] = ()
     #: The tokenizer's size, in the services phase only: the tokenizer is built on the first
     #: call (a ``bpe`` one is trained), so only a check that needs it calls it.
@@ -51,14 +63,7 @@ class RunContext:
     def n_layers(self) -> int:
         return self.model.n_layers
 
-    def global_batch(self) -> GlobalBatch | None:
-        """The global batch arithmetic of this run (None while the process count is unknown)."""
-        if self.micro_batch_size is None or self.world_size is None:
-            return None
-        ranks = self.data_groups.data_parallel_size(self.world_size)
-        return GlobalBatch(self.batch, self.micro_batch_size, ranks, self.sequential_replicas)
-
-    def model_with_vocab(self) -> LlamaSettings:
+    def model_with_vocab(self) -> "LlamaSettings":
         """The model with its vocabulary filled in from the tokenizer (services phase only)."""
         if self.tokenizer_vocab_size is None:
             raise RuntimeError("the tokenizer's size is known in the services phase only")

@@ -3,7 +3,7 @@
 A section is one node of the composed config (``model``, ``batch``, ``layout``,
 ``technique.diloco``, ...) as a typed dataclass. Its single-field rules (ranges, choices)
 run as it is built; the rules that involve other sections or the machine are its two
-check phases, which ``settings/run_settings.py`` calls for every section in one loop each:
+check phases, which ``launch/run_settings.py`` calls for every section in one loop each:
 
 - ``check(run)``: the settings against the rest of the run (the strategy, the process
   count, the model's shape). Cheap, imports neither Lightning nor the data libraries, and

@@ -13,6 +13,12 @@ STRATEGY_BY_CLASS = {
     "FSDPStrategy": "fsdp",
     "ModelParallelStrategy": "fsdp2",
 }
+#: The model-parallel sizes of ``strategy`` (defaults 1), by what they split.
+MODEL_PARALLEL_SIZES = {"tensor_parallel_size": "tensor parallelism", "pipeline_parallel_size": "pipeline parallelism"}
+
+
+def _positive_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -34,6 +40,26 @@ class StrategySettings(Section):
     @property
     def save_distributed_checkpoint(self) -> bool:
         return bool(self.spec.get("save_distributed_checkpoint", False))
+
+    def __post_init__(self) -> None:
+        """The sizes are checked as the section is built: the assembly divides the process count
+        by them before any section's ``check`` runs."""
+        for key, what in MODEL_PARALLEL_SIZES.items():
+            self._size(key, what)
+        data_parallel = self.spec.get("data_parallel_size")
+        if data_parallel is not None and not _positive_int(data_parallel):
+            raise ConfigError(
+                f"strategy.data_parallel_size={data_parallel!r} must be an integer >= 1, or null for every process"
+                " the tensor-parallel groups leave."
+            )
+
+    def _size(self, key: str, what: str) -> int:
+        size = self.spec.get(key, 1)
+        if not _positive_int(size):
+            raise ConfigError(f"strategy.{key}={size!r} must be an integer >= 1 (1: no {what}).")
+        if size > 1 and self.name != "fsdp2":
+            raise ConfigError(f"strategy.{key}={size} needs strategy=fsdp2 (ModelParallelStrategy).")
+        return size
 
     @property
     def tensor_parallel_size(self) -> int:
@@ -58,19 +84,23 @@ class StrategySettings(Section):
             )
         self._check_tensor_parallel(run)
         self._check_pipeline_parallel(run)
+        self._check_data_parallel(run)
 
-    def _splits(self, key: str, size: object, what: str) -> bool:
-        """Whether a model-parallel size (``strategy.<key>``) splits the model: an integer >= 1,
-        above 1 only under FSDP2, whose mesh the splits live in."""
-        if isinstance(size, bool) or not isinstance(size, int) or size < 1:
-            raise ConfigError(f"strategy.{key}={size!r} must be an integer >= 1 (1: no {what}).")
-        if size > 1 and self.name != "fsdp2":
-            raise ConfigError(f"strategy.{key}={size} needs strategy=fsdp2 (ModelParallelStrategy).")
-        return size > 1
+    def _check_data_parallel(self, run: RunContext) -> None:
+        """Lightning's mesh is data-parallel x tensor-parallel ranks (pipeline stages count as
+        data-parallel there: the training module builds them), and must hold every process."""
+        size = self.spec.get("data_parallel_size")
+        if size is None or run.world_size is None or size * self.tensor_parallel_size == run.world_size:
+            return
+        raise ConfigError(
+            f"strategy.data_parallel_size={size} x strategy.tensor_parallel_size={self.tensor_parallel_size} must equal"
+            f" the {run.world_size} processes (trainer.devices x trainer.num_nodes): set strategy.data_parallel_size="
+            f"{run.world_size // self.tensor_parallel_size or 1} or null (every process the tensor-parallel groups leave)."
+        )
 
     def _check_tensor_parallel(self, run: RunContext) -> None:
         size = self.tensor_parallel_size
-        if not self._splits("tensor_parallel_size", size, "tensor parallelism"):
+        if size == 1:
             return
         if run.world_size is not None and run.world_size % size:
             raise ConfigError(
@@ -92,7 +122,7 @@ class StrategySettings(Section):
 
     def _check_pipeline_parallel(self, run: RunContext) -> None:
         size = self.pipeline_parallel_size
-        if not self._splits("pipeline_parallel_size", size, "pipeline parallelism"):
+        if size == 1:
             return
         model_parallel = size * self.tensor_parallel_size
         if run.world_size is not None and run.world_size % model_parallel:

@@ -30,7 +30,7 @@ import math
 import statistics
 from dataclasses import dataclass
 
-from scipy import stats
+from analysis.student_t import t_quantile
 
 #: The one-sided level of superiority and non-inferiority tests (the 95% interval's end).
 ONE_SIDED_ALPHA = 0.025
@@ -58,11 +58,6 @@ RETIRED = {
     "slope_at_least": "higher_than (on the slope, with trend: params)",
 }
 BETTER = ("lower", "higher")
-
-
-def t_quantile(df: int, probability: float = 0.975) -> float:
-    """Student's t quantile (two-sided 95% by default)."""
-    return float(stats.t.ppf(probability, df))
 
 
 @dataclass(frozen=True)

@@ -18,8 +18,8 @@ judging seed its arms ran.
 from dataclasses import dataclass, field
 
 from study.claim_tests import Spread
-from study.sequential import nominal_levels
 from study.preset import Claim, StudySpec
+from study.sequential import nominal_levels
 from study.trend import judge_trend, points_of
 from study.verdicts import FEW_SIZES, UNRESOLVED, Verdict, judge_claim
 

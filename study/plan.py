@@ -27,13 +27,13 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from common.overrides import not_set_by
 from study.claim_tests import Spread
 from study.looks import judge_in_looks
+from study.preset import StudySpec
 from study.search_record import SearchRecord, search_name
 from study.search_space import Point
-from study.preset import StudySpec
 from study.tuner import Tuning, anchored_on, tuning_from_seeds
-from common.overrides import not_set_by
 
 if TYPE_CHECKING:
     from study.setting_laws import SettingLaw

@@ -62,14 +62,14 @@ Verdicts on the claims: ``study/verdicts.py``.
 from dataclasses import dataclass, field
 from typing import Any
 
-from study.claim_tests import BETTER, CONDITIONS, RETIRED, Condition
 from analysis.runs import parse_reduction
-from study.search_space import Dimension, SearchSpace, parse_anchors, parse_search
-from study.sequential import DEFAULT_SPENDING, SPENDING
-from study.selection import DEFAULT_REGRET_MARGIN
-from study.tuner import DEFAULT_ROUND_SIZE, DEFAULT_SEARCHER, SEARCHERS, Search
 from common.errors import ConfigError
 from common.overrides import override_key
+from study.claim_tests import BETTER, CONDITIONS, RETIRED, Condition
+from study.search_space import Dimension, SearchSpace, parse_anchors, parse_search
+from study.selection import DEFAULT_REGRET_MARGIN
+from study.sequential import DEFAULT_SPENDING, SPENDING
+from study.tuner import DEFAULT_ROUND_SIZE, DEFAULT_SEARCHER, SEARCHERS, Search
 
 #: What a trend claim's slope is taken against (``study/trend.py``).
 TREND_AXES = ("params",)

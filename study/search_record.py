@@ -29,8 +29,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from study.search_space import Point
 from common.errors import ConfigError
+from study.search_space import Point
 
 if TYPE_CHECKING:
     from study.tuner import Search
@@ -56,7 +56,7 @@ def open_storage(storage: str | None, sweep_dir: Path) -> Any:
             return optuna.storages.RDBStorage(where)
         Path(where).parent.mkdir(parents=True, exist_ok=True)
         return JournalStorage(JournalFileBackend(where))
-    except Exception as error:  # noqa: BLE001 - any failure to open is the user's setting
+    except Exception as error:
         raise ConfigError(
             f"study.storage={where!r} cannot be opened ({type(error).__name__}: {error}); give a journal file path"
             " or a storage URL such as sqlite:///study.db, or null for the sweep folder's journal."

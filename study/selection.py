@@ -26,7 +26,8 @@ import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from study.claim_tests import ONE_SIDED_ALPHA, POWER, Estimate, Spread, paired, t_quantile
+from analysis.student_t import t_quantile
+from study.claim_tests import ONE_SIDED_ALPHA, POWER, Estimate, Spread, paired
 from study.search_space import Point
 
 #: A candidate this much worse than the best (nats) is a miss the finalist seeds are sized to avoid.

@@ -20,13 +20,18 @@ interval is what says whether it moved at all.
 
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from analysis.scaling_laws import fit_power_law
+from analysis.runs import Run
+from analysis.scaling_laws import fit_power_law, parameter_count
+from analysis.student_t import t_quantile
 from common.errors import ConfigError
-from study.claim_tests import t_quantile
 from study.search_space import Choice, Point, Range, SearchSpace, format_value
+
+if TYPE_CHECKING:
+    from study.preset import StudySpec
 
 #: Fewest searched sizes a law takes (a slope and its spread need sizes - 2 >= 1).
 MIN_SIZES = 3
@@ -127,3 +132,17 @@ def _range_law(
     at_limit = tuple(size for size, point in winners if any(dimension.at_hard_limit(point[axis], d) for d in (-1, 1)))
     override = (f"{dimension.key}={written}",)
     return SettingLaw(dimension.key, form, labels, written, override, law.a, b, interval, at_limit)
+
+
+def searched_winners(runs: list[Run], spec: "StudySpec") -> dict[str, list[tuple[int, Point]]]:
+    """Per searched method, each searched size's winner: its parameter count and its point,
+    read from a judging run's overrides (the held-out size's settings are off the grids)."""
+    found: dict[str, dict[int, Point]] = {}
+    for run in runs:
+        space = spec.spaces.get(run.arm) if run.arm else None
+        if space is None or not space.dimensions or run.phase != "judge":
+            continue
+        point = space.point_of(run.overrides)
+        if point is not None:
+            found.setdefault(run.arm, {})[parameter_count(run.setting("model"))] = point
+    return {arm: sorted(winners.items()) for arm, winners in found.items()}

@@ -24,16 +24,17 @@ from functools import partial
 from pathlib import Path
 from typing import Any, Protocol
 
+from analysis.runs import recorded_overrides
 from common.errors import ConfigError
 from common.overrides import not_set_by, override_key, override_value
 from launch.sweep_jobs import MARKER
-from analysis.runs import recorded_overrides
 from study.job_folders import REGISTRY
-from study.joint_search import SAMPLERS
 from study.jobs import chosen_arms
+from study.joint_search import SAMPLERS
 from study.plan import StudyPlan, TunedJob
 from study.preset import StudySpec
-from study.search_record import JOURNAL, LOCK as RECORD_LOCK, SearchRecord, check_record, fingerprint, open_storage
+from study.search_record import JOURNAL, SearchRecord, check_record, fingerprint, open_storage
+from study.search_record import LOCK as RECORD_LOCK
 from study.worker import Launch, run_rounds
 
 log = logging.getLogger(__name__)

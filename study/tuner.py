@@ -33,7 +33,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from functools import cached_property
 
-from study.coordinate_search import TUNED as TUNED_STATUSES
 from study.coordinate_search import (
     ALL_TRIED,
     AT_LIMIT,
@@ -45,6 +44,7 @@ from study.coordinate_search import (
     proposals,
     status,
 )
+from study.coordinate_search import TUNED as TUNED_STATUSES
 from study.joint_search import SAMPLERS, replay
 from study.search_record import SearchRecord
 from study.search_space import Choice, Point, Range, SearchSpace

@@ -17,9 +17,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from study.plan import StudyPlan, TunedJob
-from study.job_folders import job_folders
 from launch.sweep_jobs import LOCK, MARKER, SweepJob, lock_is_live
+from study.job_folders import job_folders
+from study.plan import StudyPlan, TunedJob
 
 log = logging.getLogger(__name__)
 #: Seconds between two looks at jobs other workers are training.

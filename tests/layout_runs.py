@@ -13,7 +13,7 @@ import pytest
 
 from benchmarks.row_log import rows_by_step
 from common.errors import ConfigError
-from settings.from_config import read_settings
+from launch.from_config import read_settings
 from tests.run_helpers import REPO, compose_config, run_to_completion, train_in_process
 
 STEPS = [

@@ -15,35 +15,20 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from benchmarks.memory_logger import MemoryLogger  # noqa: F401 - tests import it from here
+from benchmarks.tiny_run import TINY_RUN
+from data.datamodule import TextDataModule
 from launch.builders import build_callbacks, build_datamodule, build_module, build_trainer
+from launch.from_config import read_settings
 from lightning_modules.global_batch import BatchSettings, GlobalBatch
-from lightning_modules.llama import LlamaSettings
-from lightning_modules.parallelism import LayoutSettings
+from lightning_modules.layout_settings import LayoutSettings
+from lightning_modules.llama_settings import LlamaSettings
 from lightning_modules.training_state import TrainingState
-from settings.from_config import read_settings
 from settings.typed import settings_from_config
 
 REPO = Path(__file__).resolve().parents[1]
 
 # A model and corpus small enough that a few optimizer steps take about a second on CPU.
-TINY = [
-    "model.n_layers=2",
-    "model.d_model=32",
-    "model.n_heads=4",
-    "model.n_kv_heads=2",
-    "model.mlp_hidden=64",
-    "data.seq_len=32",
-    "data.source.max_documents=600",
-    "data.val_max_rows=16",
-    "batch.micro_batch_size=2",
-    "batch.global_batch_size=8",
-    "token_budget=100000",
-    "optimizer=adamw",
-    "optimizer.lr=4e-3",
-    "lr_schedule.warmup_steps=2",
-    "trainer.log_every_n_steps=1",
-    "trainer.num_sanity_val_steps=0",
-]
+TINY = [*TINY_RUN, "batch.micro_batch_size=2", "batch.global_batch_size=8", "token_budget=100000"]
 
 # Frequent validation and checkpoints, CSV logs: for runs whose outputs a test reads.
 OBSERVED = [
@@ -66,6 +51,22 @@ def compose_config(overrides: list[str], tmp_path: Path):
             + overrides,
             return_hydra_config=False,
         )
+
+
+def datamodule(tmp_path: Path, source: dict | None, **overrides) -> TextDataModule:
+    """A byte-level data module over ``source`` (or ``mixture=...``) with its cache under
+    ``tmp_path``: 16-token rows, a quarter of the documents for validation."""
+    settings = dict(
+        tokenizer={"kind": "byte"},
+        seq_len=16,
+        micro_batch_size=2,
+        val_fraction=0.25,
+        val_max_rows=None,
+        shuffle=True,
+        seed=0,
+    )
+    settings.update(overrides)
+    return TextDataModule(source=source, cache_dir=str(tmp_path / "cache"), **settings)
 
 
 def run_train(overrides: list[str], run_dir: Path, cache_dir: Path, timeout: int = 300, **popen):

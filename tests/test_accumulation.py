@@ -9,7 +9,7 @@ import torch.nn.functional as F
 
 from callbacks.seq_len_warmup.cutting import truncate
 from launch.builders import build_callbacks, build_datamodule, build_module, build_trainer
-from settings.from_config import read_settings
+from launch.from_config import read_settings
 from tests.run_helpers import TINY, compose_config
 
 

@@ -23,7 +23,7 @@ from torch.func import functional_call, grad, vmap
 
 from callbacks.batch_size.adaptive import AdaptiveBatchSize
 from launch.builders import build_callbacks, build_datamodule, build_module, build_trainer
-from settings.from_config import read_settings
+from launch.from_config import read_settings
 from tests.run_helpers import TINY, checkpoint_weights, compose_config, run_to_completion, run_train, train_losses
 
 STATISTICS = {

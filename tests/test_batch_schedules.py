@@ -9,8 +9,8 @@ from callbacks.batch_size.adaptive import AdaptiveBatchSize
 from callbacks.batch_size.lr_scaling import lr_scaling_for
 from callbacks.batch_size.noise_tests import SampleSums, noise_scale, required_batch
 from common.errors import ConfigError
+from launch.from_config import read_settings
 from lightning_modules.clock import TrainingClock
-from settings.from_config import read_settings
 from tests.run_helpers import TINY, compose_config, run_to_completion, run_train, training_state
 
 # n = 4 samples of b_s = 2: tr(Sigma) = 2 * (7 - 4 * 1) / 3 = 2 and ||g||^2 = 1, so the

@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 from hydra import compose, initialize_config_dir
 
-from settings.from_config import read_settings
+from launch.from_config import read_settings
 from tests.run_helpers import REPO, compose_config
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 
 from data.content_digest import SUBDIR, digest_tokens
-from settings.from_config import shared_settings
+from launch.from_config import shared_settings
 from tests.run_helpers import compose_config
 from tests.test_data import datamodule, ready
 

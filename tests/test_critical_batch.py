@@ -14,18 +14,13 @@ import yaml
 
 from analysis.critical_batch import critical_batch
 from analysis.runs import find_runs
+from benchmarks.tiny_run import TINY_MODEL
 from common.errors import ConfigError
 from tests.run_helpers import REPO, compose_config
 
 SMALL = [
+    *TINY_MODEL,
     "model.n_layers=1",
-    "model.d_model=32",
-    "model.n_heads=4",
-    "model.n_kv_heads=2",
-    "model.mlp_hidden=64",
-    "data.seq_len=32",
-    "data.source.max_documents=600",
-    "data.val_max_rows=16",
     "lr_schedule.warmup_steps=1",
     "callbacks.model_checkpoint.every_n_train_steps=2",
     "trainer.num_sanity_val_steps=0",
@@ -51,6 +46,15 @@ def test_overrides_the_script_sets_are_refused(tmp_path: Path) -> None:
     result = script(tmp_path / "cb", tmp_path / "cache", "optimizer.lr=1e-3")
     assert result.returncode == 2 and result.stderr.strip().startswith("error: optimizer.lr=1e-3: the script sets")
     assert not (tmp_path / "cb").exists()
+
+
+def test_a_folder_that_cannot_be_created_is_one_line(tmp_path: Path) -> None:
+    (tmp_path / "a_file").write_text("")
+    result = script(tmp_path / "a_file" / "cb", tmp_path / "cache")
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert result.stderr.strip() == (
+        f"error: --dir {tmp_path / 'a_file' / 'cb'}: cannot create this folder (Not a directory); give a folder you can write to."
+    )
 
 
 def test_the_branches_continue_the_base_runs_model_and_data(tmp_path: Path) -> None:

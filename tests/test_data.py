@@ -26,16 +26,15 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 
 import data.sources
 import data.token_cache
+from common.errors import ConfigError, DataError
 from data.bpe import train_bpe
 from data.datamodule import TextDataModule
 from data.sampler import ResumableRankSampler
 from data.sources import build_source
-from common.errors import ConfigError
 from data.split import ValidationSplit
 from data.token_cache import build_token_cache, open_token_cache
 from data.tokenizers import ByteTokenizer, build_tokenizer
-from common.errors import DataError
-from tests.run_helpers import run_script
+from tests.run_helpers import datamodule, run_script
 
 EOS = 256
 WORDS = "the quick brown fox jumps over a lazy dog while seven wizards hum; café naïve über 東京 ✓".split()
@@ -66,20 +65,6 @@ def is_val_reference(index: int, fraction: float) -> bool:
 def byte_stream(documents: list[str]) -> list[int]:
     """The token stream the cache must hold: each document's UTF-8 bytes, then EOS."""
     return [token for doc in documents for token in [*doc.encode("utf-8"), EOS]]
-
-
-def datamodule(tmp_path: Path, source: dict, **overrides) -> TextDataModule:
-    settings = dict(
-        tokenizer={"kind": "byte"},
-        seq_len=16,
-        micro_batch_size=2,
-        val_fraction=0.25,
-        val_max_rows=None,
-        shuffle=True,
-        seed=0,
-    )
-    settings.update(overrides)
-    return TextDataModule(source=source, cache_dir=str(tmp_path / "cache"), **settings)
 
 
 def ready(module: TextDataModule) -> TextDataModule:

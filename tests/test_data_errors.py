@@ -21,13 +21,13 @@ from hydra.utils import instantiate
 
 import data.corpus_checks
 import data.sources
+from common.errors import ConfigError, DataError
 from data.datamodule import TextDataModule
 from data.sources import build_source
 from data.split import ValidationSplit
 from data.token_cache import build_token_cache, staging_prefix
 from data.tokenizers import ByteTokenizer
-from common.errors import ConfigError, DataError
-from tests.run_helpers import compose_config
+from tests.run_helpers import compose_config, datamodule
 
 WORDS = "the quick brown fox jumps over a lazy dog while seven wizards hum".split()
 
@@ -42,20 +42,6 @@ def jsonl(records: list[object]) -> str:
 
 def good_lines(count: int = 40) -> str:
     return jsonl([{"text": text} for text in documents(count)])
-
-
-def datamodule(tmp_path: Path, source: dict, **overrides) -> TextDataModule:
-    settings = dict(
-        tokenizer={"kind": "byte"},
-        seq_len=16,
-        micro_batch_size=2,
-        val_fraction=0.25,
-        val_max_rows=None,
-        shuffle=True,
-        seed=0,
-    )
-    settings.update(overrides)
-    return TextDataModule(source=source, cache_dir=str(tmp_path / "cache"), **settings)
 
 
 def files_source(*paths: Path, **settings) -> dict:
@@ -347,7 +333,7 @@ def test_bpe_training_logs_one_line_with_size_documents_time_and_path(tmp_path, 
     path.write_text(good_lines(100))
     tokenizer = {"kind": "bpe", "vocab_size": 300}
     with caplog.at_level(logging.INFO, logger="data.bpe"):
-        datamodule(tmp_path, files_source(path), tokenizer=tokenizer).tokenizer
+        _ = datamodule(tmp_path, files_source(path), tokenizer=tokenizer).tokenizer
     (cached,) = (tmp_path / "cache" / "tokenizers").glob("bpe-*/tokenizer.json")
     training = sum(not ValidationSplit(0.25).is_validation(i) for i in range(100))
     (line,) = [record.getMessage() for record in caplog.records if record.name == "data.bpe"]
@@ -355,7 +341,7 @@ def test_bpe_training_logs_one_line_with_size_documents_time_and_path(tmp_path, 
     assert line.endswith(f" s; cached at {cached}")
     caplog.clear()
     with caplog.at_level(logging.INFO, logger="data.bpe"):
-        datamodule(tmp_path, files_source(path), tokenizer=tokenizer).tokenizer
+        _ = datamodule(tmp_path, files_source(path), tokenizer=tokenizer).tokenizer
     assert [record for record in caplog.records if record.name == "data.bpe"] == []
 
 

@@ -103,7 +103,7 @@ def streaming_reference(
                 pending.append(
                     (step + delay, p, [sum(anchor[i] - w[i] for w in weights) / replicas for i in groups[p]])
                 )
-        for arrival, p, delta in [entry for entry in pending if entry[0] <= step]:
+        for _arrival, p, delta in [entry for entry in pending if entry[0] <= step]:
             for i, d in zip(groups[p], delta):
                 buffers[i] = d if i not in buffers else momentum * buffers[i] + d
                 anchor[i] = anchor[i] - lr * (d + momentum * buffers[i])

@@ -19,10 +19,10 @@ import torch
 from torch.distributed import TCPStore
 
 from benchmarks.torchft_groups import Lighthouse, free_port, last_own_line, log_of, metric, start_group
-from callbacks.diloco.torchft_group import group_store
 from callbacks.diloco import settings as diloco_settings
+from callbacks.diloco.torchft_group import group_store
 from common.errors import ConfigError
-from settings.from_config import read_settings
+from launch.from_config import read_settings
 from tests.run_helpers import TINY, checkpoint_weights, compose_config, run_train
 
 DILOCO = [
@@ -193,19 +193,17 @@ def test_groups_with_different_settings_refuse_to_train_naming_the_key(
         assert "finished at step" not in log and not (tmp_path / f"group{index}" / "checkpoints" / "last.ckpt").exists()
 
 
+def run_with_lighthouse(address: str, tmp_path, tmp_path_factory):
+    """Four steps of a torchft DiLoCo run that asks ``address`` for its lighthouse."""
+    overrides = [*DILOCO, "trainer.max_steps=4", "technique.diloco.backend=torchft"]
+    lighthouse = f"technique.diloco.torchft.lighthouse={address}"
+    return run_train([*overrides, lighthouse], tmp_path / "run", tmp_path_factory.getbasetemp() / "cache")
+
+
 def test_an_unreachable_lighthouse_is_one_line_within_seconds(tmp_path, tmp_path_factory) -> None:
     address = f"http://127.0.0.1:{free_port()}"  # nothing listens there
     started = time.monotonic()
-    result = run_train(
-        [
-            *DILOCO,
-            "trainer.max_steps=4",
-            "technique.diloco.backend=torchft",
-            f"technique.diloco.torchft.lighthouse={address}",
-        ],
-        tmp_path / "run",
-        tmp_path_factory.getbasetemp() / "cache",
-    )
+    result = run_with_lighthouse(address, tmp_path, tmp_path_factory)
     assert result.returncode == 2 and time.monotonic() - started < 30
     assert result.stderr.strip().splitlines() == [
         f"error: technique.diloco.torchft.lighthouse={address} cannot be reached (Connection refused);"
@@ -348,16 +346,7 @@ def test_an_address_that_answers_but_is_no_lighthouse_is_one_line_within_seconds
     threading.Thread(target=server.serve_forever, daemon=True).start()
     address = f"http://127.0.0.1:{server.server_port}"
     started = time.monotonic()
-    result = run_train(
-        [
-            *DILOCO,
-            "trainer.max_steps=4",
-            "technique.diloco.backend=torchft",
-            f"technique.diloco.torchft.lighthouse={address}",
-        ],
-        tmp_path / "run",
-        tmp_path_factory.getbasetemp() / "cache",
-    )
+    result = run_with_lighthouse(address, tmp_path, tmp_path_factory)
     server.shutdown()
     assert result.returncode == 2 and time.monotonic() - started < 30, result.stderr[-2000:]
     (line,) = result.stderr.strip().splitlines()

@@ -6,26 +6,23 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.torchft_groups import REJOINED, Lighthouse, log_of, metric, row_log, rows, run_chaos, start_group
-from tests.run_helpers import TINY, checkpoint_weights, run_train
+from benchmarks.torchft_groups import (
+    FAULT_SYNC_EVERY,
+    REJOINED,
+    Lighthouse,
+    fault_run,
+    log_of,
+    metric,
+    row_log,
+    rows,
+    run_chaos,
+    start_group,
+)
+from tests.run_helpers import checkpoint_weights, run_train
 
-SYNC_EVERY = 4
-#: 3 groups of 2 sequences per global step, H = 4; checkpoints every round.
-THREE_GROUPS = [
-    *TINY,
-    "+technique=diloco",
-    "technique.diloco.replicas=3",
-    "batch.micro_batch_size=2",
-    "batch.global_batch_size=6",
-    f"technique.diloco.sync_every={SYNC_EVERY}",
-    "logger=csv",
-    "callbacks.validation_schedule.every_n_steps=100000",
-    f"callbacks.model_checkpoint.every_n_train_steps={SYNC_EVERY}",
-    "technique.diloco.torchft.timeout_s=10",
-    "technique.diloco.torchft.quorum_timeout_s=120",
-]
 STEPS = 480
-BUDGET = [f"token_budget={STEPS * 6 * 32}"]  # global steps x sequences x tokens
+#: 3 groups of 2 sequences per global step, a round every 4 steps, a checkpoint every round.
+THREE_GROUPS = fault_run(3, STEPS)
 
 
 @pytest.fixture(scope="module")
@@ -33,7 +30,7 @@ def reference(tmp_path_factory) -> dict[int, list[str]]:
     """The rows each global step reads in one uninterrupted job (M = 1, the same data)."""
     folder = tmp_path_factory.mktemp("reference") / "run"
     result = run_train(
-        [*THREE_GROUPS, *BUDGET, "technique.diloco.replicas=1", *row_log(folder)],
+        [*THREE_GROUPS, "technique.diloco.replicas=1", *row_log(folder)],
         folder,
         tmp_path_factory.getbasetemp() / "cache",
     )
@@ -102,7 +99,7 @@ def test_a_straggler_is_left_out_of_rounds_and_healed_without_costing_the_others
     assert trained[0] == trained[1] == set(range(1, steps + 1))
     skipped = set(range(1, steps + 1)) - trained[2]
     print(f"group 2 skipped steps {sorted(skipped)}")
-    assert skipped and max(skipped) <= steps - 4 * SYNC_EVERY  # healed with 4+ rounds left, trained them in step
+    assert skipped and max(skipped) <= steps - 4 * FAULT_SYNC_EVERY  # healed with 4+ rounds left, trained them in step
     assert metric(folders[2], "diloco/skipped_steps")[-1] == len(skipped)
     assert metric(folders[2], "diloco/groups")[-1] == 3.0
     final = [checkpoint_weights(folder / "checkpoints" / "last.ckpt") for folder in folders.values()]
@@ -122,11 +119,11 @@ def test_a_chaos_run_of_repeated_kills_ends_synced_on_the_right_rows(tmp_path, t
     result = run_chaos(
         tmp_path / "chaos",
         tmp_path_factory.getbasetemp() / "cache",
-        [*THREE_GROUPS, *BUDGET],
+        THREE_GROUPS,
         reference,
         groups=3,
         kills=6,
-        sync_every=SYNC_EVERY,
+        sync_every=FAULT_SYNC_EVERY,
         pace_s=0.15,
         seed=0,
         timeout_s=320,

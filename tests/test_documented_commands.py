@@ -20,7 +20,7 @@ from hydra import compose, initialize_config_dir
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import OmegaConf
 
-from settings.from_config import read_settings
+from launch.from_config import read_settings
 from tests.run_helpers import REPO, run_train, train_in_process
 
 DOCUMENTS = [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md"))]

@@ -26,7 +26,8 @@ from evaluation.corpus_cloze import TASK_NAME, build_corpus_cloze_task
 from evaluation.harness import evaluate
 from evaluation.lm_adapter import LlamaLM
 from lightning_modules.hf_interop import save_hf_pretrained
-from lightning_modules.llama import Llama, LlamaSettings
+from lightning_modules.llama import Llama
+from lightning_modules.llama_settings import LlamaSettings
 from tests.run_helpers import REPO, TINY, run_script, run_to_completion
 
 EOS, MAX_LENGTH = 256, 48

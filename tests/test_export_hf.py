@@ -22,7 +22,8 @@ from data.datamodule import TextDataModule
 from data.tokenizer_export import save_hf_tokenizer
 from data.tokenizers import ByteTokenizer
 from lightning_modules.hf_interop import save_hf_pretrained
-from lightning_modules.llama import Llama, LlamaSettings
+from lightning_modules.llama import Llama
+from lightning_modules.llama_settings import LlamaSettings
 from tests.run_helpers import REPO, run_script
 
 transformers = pytest.importorskip("transformers")
@@ -76,7 +77,7 @@ def trained_bpe(tmp_path_factory) -> tuple[dict, Path]:
     """A small BPE trained on the corpus by the data module, and its cached tokenizer.json."""
     cache = tmp_path_factory.mktemp("bpe_cache")
     settings = data_settings(cache, kind="bpe", vocab_size=400, max_train_documents=200)
-    TextDataModule(**settings).tokenizer  # trains it into the cache
+    _ = TextDataModule(**settings).tokenizer  # trains it into the cache
     return settings, next((cache / "tokenizers").glob("bpe-*/tokenizer.json"))
 
 

@@ -11,7 +11,8 @@ import torch.nn.functional as F
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointWrapper
 
 from lightning_modules.layout_settings import LayoutSettings
-from lightning_modules.llama import Llama, LlamaSettings
+from lightning_modules.llama import Llama
+from lightning_modules.llama_settings import LlamaSettings
 from lightning_modules.memory_plan import memory_plan
 from lightning_modules.parallelism import apply_layout
 from tests.run_helpers import REPO, default_settings, train_in_process

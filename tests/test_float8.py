@@ -11,8 +11,10 @@ import torch
 from torch import nn
 
 from lightning_modules.float8 import convert_to_float8, float8_linear_config
-from lightning_modules.llama import Llama, LlamaSettings
-from lightning_modules.parallelism import LayoutSettings, apply_layout
+from lightning_modules.layout_settings import LayoutSettings
+from lightning_modules.llama import Llama
+from lightning_modules.llama_settings import LlamaSettings
+from lightning_modules.parallelism import apply_layout
 from tests.run_helpers import (
     OBSERVED,
     TINY,

@@ -10,7 +10,8 @@ from lightning_modules.flops import (
     model_flops_per_token,
     peak_flops,
 )
-from lightning_modules.llama import Llama, LlamaSettings
+from lightning_modules.llama import Llama
+from lightning_modules.llama_settings import LlamaSettings
 
 
 @pytest.mark.parametrize("tie", [False, True])

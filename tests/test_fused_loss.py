@@ -9,8 +9,10 @@ import torch.nn.functional as F
 
 from lightning_modules import liger_kernels
 from lightning_modules.fused_cross_entropy import IGNORE_INDEX, linear_cross_entropy
-from lightning_modules.llama import MLP, Attention, Llama, LlamaSettings, RMSNorm
-from lightning_modules.parallelism import LayoutSettings, apply_layout
+from lightning_modules.layout_settings import LayoutSettings
+from lightning_modules.llama import MLP, Attention, Llama, RMSNorm
+from lightning_modules.llama_settings import LlamaSettings
+from lightning_modules.parallelism import apply_layout
 from tests.run_helpers import default_settings
 
 

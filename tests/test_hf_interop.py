@@ -21,7 +21,8 @@ from lightning_modules.hf_interop import (
     to_hf_config_dict,
     to_hf_state_dict,
 )
-from lightning_modules.llama import Llama, LlamaSettings
+from lightning_modules.llama import Llama
+from lightning_modules.llama_settings import LlamaSettings
 from tests.run_helpers import run_script
 
 os.environ["HF_HUB_OFFLINE"] = "1"
@@ -161,7 +162,7 @@ def lightning_checkpoint(model: Llama) -> dict:
     return {
         "state_dict": {f"model.{key}": value for key, value in model.state_dict().items()},
         "hyper_parameters": {
-            "model": {"_target_": "lightning_modules.llama.LlamaSettings", **dataclasses.asdict(model.config)},
+            "model": {"_target_": "lightning_modules.llama_settings.LlamaSettings", **dataclasses.asdict(model.config)},
             "lr": 3e-4,
         },
         "global_step": 7,

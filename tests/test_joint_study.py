@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from analysis.report import study_report
 from analysis.runs import load_run
+from study.report import study_report
 from tests.run_helpers import REPO, TINY, run_sweep
 
 SETTINGS = [o for o in TINY if not o.startswith(("optimizer.lr=", "token_budget="))]

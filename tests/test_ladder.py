@@ -14,13 +14,14 @@ from omegaconf import OmegaConf
 from scipy import stats
 
 from analysis.ladder import Rung, fit_loss, predict
-from analysis.report import every_size_trends, study_report
 from analysis.runs import find_runs
+from common.errors import ConfigError
+from lightning_modules.llama import count_parameters
+from lightning_modules.llama_settings import LlamaSettings
 from study.archive import machine_of
 from study.preset import StudySpec
+from study.report import every_size_trends, study_report
 from study.trend import TrendPoint, judge_trend, slope
-from common.errors import ConfigError
-from lightning_modules.llama import LlamaSettings, count_parameters
 from tests.run_helpers import REPO, TINY, compose_config, run_script, run_train
 
 SIZES = ["ladder_0_1m", "ladder_0_3m", "ladder_0_65m", "ladder_1_2m", "ladder_2_1m"]
@@ -289,7 +290,9 @@ def test_a_held_out_size_the_ladder_cannot_fit_is_one_line_before_any_job(
     assert not folder.exists()
 
 
-def judged_ladder(sweep: Path, gaps: dict[str, float], shifted: dict[tuple[str, str], float] = {}) -> list[int]:
+def judged_ladder(
+    sweep: Path, gaps: dict[str, float], shifted: dict[tuple[str, str], float] | None = None
+) -> list[int]:
     """Judging runs of the tuned ladder's three arms at its four searched sizes, seeds 2 and 3:
     each DiLoCo arm ``gaps[arm]`` above data parallelism at 0.1M, falling 0.05 per decade of
     N, plus ``shifted[(arm, size)]``; returns the sizes' parameter counts."""
@@ -303,7 +306,9 @@ def judged_ladder(sweep: Path, gaps: dict[str, float], shifted: dict[tuple[str, 
         for arm in ("dp", "m1", "m2"):
             for seed, noise in ((2, 0.001), (3, -0.001)):
                 gap = (
-                    gaps[arm] - 0.05 * math.log10(n / 104_688) + shifted.get((arm, model), 0.0) if arm in gaps else 0.0
+                    gaps[arm] - 0.05 * math.log10(n / 104_688) + (shifted or {}).get((arm, model), 0.0)
+                    if arm in gaps
+                    else 0.0
                 )
                 write_run(sweep / str(job), model, arm, seed, 2.0 + gap + noise, study)
                 job += 1
@@ -479,7 +484,7 @@ def test_the_report_judges_each_arm_at_its_current_winner_only(tmp_path: Path) -
         run("ladder_0_1m", "dp", seed, 2.0 + 0.01 * seed, ("optimizer.lr=0.008",))
         run("ladder_0_3m", "dp", seed, 1.8, ("optimizer.lr=0.008",))
     report = study_report([sweep])
-    from analysis.report import at_winners, judging_groups
+    from study.report import at_winners, judging_groups
 
     kept = at_winners(report.spec, judging_groups(report.groups), report.tunings)
     at_small = [g for g in kept if g.arm == "dp" and "model=ladder_0_1m" in g.runs[0].overrides]

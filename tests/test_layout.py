@@ -6,10 +6,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from lightning_modules.llama import Llama, LlamaSettings
-from lightning_modules.optimizers.settings import decay_groups, trainable
 from common.errors import ConfigError
-from lightning_modules.parallelism import LayoutSettings, apply_layout, attention_backend
+from lightning_modules.layout_settings import LayoutSettings
+from lightning_modules.llama import Llama
+from lightning_modules.llama_settings import LlamaSettings
+from lightning_modules.optimizers.parameter_groups import decay_groups, trainable
+from lightning_modules.parallelism import apply_layout, attention_backend
 from tests.run_helpers import default_settings
 
 CONFIG = LlamaSettings(vocab_size=64, n_layers=2, d_model=32, n_heads=4, n_kv_heads=2, mlp_hidden=64)

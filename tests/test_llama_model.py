@@ -12,14 +12,8 @@ import torch
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
-from lightning_modules.llama import (
-    Llama,
-    LlamaSettings,
-    apply_rotary,
-    causal_attention,
-    count_parameters,
-    rotary_cos_sin,
-)
+from lightning_modules.llama import Llama, apply_rotary, causal_attention, count_parameters, rotary_cos_sin
+from lightning_modules.llama_settings import LlamaSettings
 
 MODEL_CONF = Path(__file__).resolve().parents[1] / "conf" / "model"
 EXPECTED_PRESETS = {

@@ -3,9 +3,9 @@
 import pytest
 import torch
 
-from common.errors import ConfigError
-from lightning_modules.llama import LlamaSettings
 from benchmarks.saved_activations import block_bytes_per_token, block_bytes_per_token_on_ranks
+from common.errors import ConfigError
+from lightning_modules.llama_settings import LlamaSettings
 from lightning_modules.memory_plan import GIB, ActivationLayout, block_activation_bytes, check_fits, memory_plan
 from tests.run_helpers import train_in_process
 

@@ -12,9 +12,10 @@ from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoi
 from torch.distributed.fsdp import FullyShardedDataParallel, fully_shard
 from torch.distributed.fsdp.wrap import ModuleWrapPolicy
 
-from lightning_modules.llama import Llama, LlamaSettings, TransformerBlock, count_parameters, seed_from_global_rng
-from lightning_modules.meta_init import fsdp1_param_init_fn, materialize_and_init
 from benchmarks.meta_init_memory import free_port, join_process_group, peak_increase_per_rank
+from lightning_modules.llama import Llama, TransformerBlock, count_parameters, seed_from_global_rng
+from lightning_modules.llama_settings import LlamaSettings
+from lightning_modules.meta_init import fsdp1_param_init_fn, materialize_and_init
 
 CPU = torch.device("cpu")
 # Odd vocabulary: the embedding's rows split unevenly over two ranks.

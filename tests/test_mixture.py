@@ -13,7 +13,7 @@ from analysis.runs import load_run
 from common.errors import ConfigError
 from data.datamodule import TextDataModule
 from data.mixture import BLOCK, DRAW_STREAM, MixtureOrder, mixture_entries
-from tests.run_helpers import TINY, run_to_completion, run_train
+from tests.run_helpers import TINY, datamodule, run_to_completion, run_train
 
 
 def reference_rows(source_rows, history, seed, count):
@@ -73,18 +73,7 @@ def mixture_module(tmp_path, weights=(0.3, 0.7)) -> TextDataModule:
         "opening": {"weight": weights[0], "source": {"kind": "embedded", "max_documents": 300}},
         "later": {"weight": weights[1], "source": {"kind": "embedded", "skip_documents": 2626, "max_documents": 600}},
     }
-    data = TextDataModule(
-        source=None,
-        mixture=mixture,
-        tokenizer={"kind": "byte"},
-        seq_len=32,
-        micro_batch_size=4,
-        val_fraction=0.05,
-        val_max_rows=None,
-        shuffle=True,
-        seed=0,
-        cache_dir=str(tmp_path / "cache"),
-    )
+    data = datamodule(tmp_path, None, mixture=mixture, seq_len=32, micro_batch_size=4, val_fraction=0.05)
     data.prepare_data()
     data.setup("fit")
     return data

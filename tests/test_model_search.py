@@ -8,12 +8,12 @@ from dataclasses import replace
 
 import pytest
 
+from common.errors import ConfigError
 from study.coordinate_search import AT_LIMIT, BRACKETED, NOT_BRACKETED
 from study.joint_search import forget_asked_rounds
 from study.search_space import MAX_EXTENSION, Choice, Range, SearchSpace, parse_anchors
 from study.selection import TUNED, UNDECIDED
 from study.tuner import Search, Tuning, rises_on_both_sides
-from common.errors import ConfigError
 
 LR = Range("optimizer.lr", 1e-3, 4e-3, "log", 2, 2.5e-4, 3.2e-2)
 H = Range("technique.diloco.sync_every", 10, 90, "log", 3, 1, 300)

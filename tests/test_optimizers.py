@@ -10,9 +10,11 @@ import torch
 from torch import nn
 
 from analysis.runs import load_run
-from lightning_modules.llama import Llama, LlamaSettings
-from lightning_modules.optimizers.muon import Muon, MuonSettings, hidden_matrices
-from lightning_modules.optimizers.settings import group_settings, restore_group_settings
+from lightning_modules.llama import Llama
+from lightning_modules.llama_settings import LlamaSettings
+from lightning_modules.optimizers.muon import Muon, hidden_matrices
+from lightning_modules.optimizers.muon_settings import MuonSettings
+from lightning_modules.optimizers.parameter_groups import group_settings, restore_group_settings
 from tests.run_helpers import REPO, TINY, compose_config, run_to_completion, run_train
 
 REFERENCE = json.loads((REPO / "tests" / "data" / "default_recipe_reference.json").read_text())
@@ -249,7 +251,7 @@ def test_a_muon_run_resumes_exactly_and_refuses_another_optimizer(one_process, t
 )
 def test_optimizer_mistakes_name_the_key(overrides, message, tmp_path):
     from common.errors import ConfigError
-    from settings.from_config import read_settings
+    from launch.from_config import read_settings
 
     with pytest.raises(ConfigError, match=message.replace("[", r"\[").replace("(", r"\(").replace(")", r"\)")):
         read_settings(compose_config(TINY + overrides, tmp_path))

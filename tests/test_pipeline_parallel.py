@@ -13,12 +13,13 @@ import torch.multiprocessing as mp
 
 from benchmarks.meta_init_memory import free_port, join_process_group
 from benchmarks.saved_activations import LiveSaved
+from launch.from_config import read_settings
 from lightning_modules.hf_interop import load_lightning_checkpoint
-from lightning_modules.llama import Llama, LlamaSettings
+from lightning_modules.llama import Llama
+from lightning_modules.llama_settings import LlamaSettings
 from lightning_modules.memory_plan import PipelineShape, memory_plan
 from lightning_modules.pipeline_parallel import Pipeline, keep_stage
 from lightning_modules.pipeline_stages import rank_stages, stage_blocks
-from settings.from_config import read_settings
 from tests.layout_runs import (
     ADAPTIVE_BATCH,
     EXPERIMENTS,
@@ -297,7 +298,7 @@ def test_a_pipeline_that_cannot_run_is_refused_in_one_line(overrides, message, t
 @pytest.mark.parametrize("technique", [(), ("+technique=constant_batch",)], ids=["alone", "with_a_technique"])
 def test_the_automatic_micro_batch_leaves_a_micro_batch_per_pipeline_rank(technique, tmp_path):
     overrides = [*FOUR_BLOCKS, "batch.micro_batch_size=null", "batch.global_batch_size=16", *technique, *PP2]
-    batch = read_settings(compose_config(overrides, tmp_path)).run.global_batch()
+    batch = read_settings(compose_config(overrides, tmp_path)).run.global_batch
     assert batch.accumulation >= 2 and batch.micro_batch_size * batch.accumulation == 16
 
 

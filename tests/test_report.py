@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 import yaml
 
-from analysis.report import PLOTS, band, build_report, pareto_front, study_report, write_report
 from analysis.runs import FINISHED, find_runs, load_run
-from study.preset import StudySpec
 from common.errors import ConfigError
+from study.preset import StudySpec
+from study.report import PLOTS, band, build_report, pareto_front, study_report, write_report
 from tests.run_helpers import REPO, TINY, run_script
 
 SWEEP = [
@@ -229,7 +229,7 @@ def test_missing_runs_are_an_error_that_names_the_folder(tmp_path: Path) -> None
 def test_a_study_crossed_with_one_number_gets_its_headline_figure(tmp_path: Path) -> None:
     """Two arms x three learning rates x two seeds, made by hand: the figure's axis is the
     learning rate, and each point is the arm's mean at that rate."""
-    from analysis.report import crossed_axis
+    from study.report import crossed_axis
 
     study = {
         "arms": {"base": [], "warm": ["+technique=seq_len_warmup"]},

@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from analysis.report import study_report
 from analysis.runs import load_run
 from launch.sweep_jobs import LOCK, SweepJob
+from study.report import study_report
 from tests.run_helpers import REPO, TINY, run_sweep, run_train
 
 # The arms set optimizer.lr, and the command line would win over them: TINY's own LR is left out.

@@ -153,7 +153,7 @@ def write_fake_run(folder: Path, d_model: int, replicas: int | None, lr: float, 
     """A run folder as train.py logger=csv leaves it, written by hand."""
     config = {
         "model": {
-            "_target_": "lightning_modules.llama.LlamaSettings",
+            "_target_": "lightning_modules.llama_settings.LlamaSettings",
             "vocab_size": 320,
             "n_layers": 2,
             "d_model": d_model,

@@ -11,11 +11,11 @@ from wsgiref.util import setup_testing_defaults
 import pytest
 
 import study.joint_search as model_search
+from common.errors import ConfigError
 from study.joint_search import forget_asked_rounds, replay
 from study.search_record import JOURNAL, LOCK, SearchRecord, fingerprint, open_storage
 from study.search_space import Range, SearchSpace
 from study.tuner import Search
-from common.errors import ConfigError
 
 SPACE = SearchSpace(
     (

@@ -7,7 +7,7 @@ import torch
 
 from callbacks.seq_len_warmup.cutting import reshape, truncate
 from common.errors import ConfigError
-from settings.from_config import read_settings
+from launch.from_config import read_settings
 from tests.run_helpers import (
     OBSERVED,
     TINY,

@@ -8,11 +8,11 @@ import pytest
 from scipy import stats
 
 import study.looks as looks
+from common.errors import ConfigError
 from study.claim_tests import Spread
 from study.looks import judge_in_looks
-from study.sequential import nominal_levels, spent
 from study.preset import StudySpec
-from common.errors import ConfigError
+from study.sequential import nominal_levels, spent
 
 FIVE_LOOKS = (0.2, 0.4, 0.6, 0.8, 1.0)
 

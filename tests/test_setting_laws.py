@@ -10,13 +10,13 @@ import pytest
 from scipy import stats
 
 from analysis.runs import FINISHED, Run
-from analysis.tuning_report import tunings
 from common.errors import ConfigError
 from study.plan import TUNE, StudyPlan, TunedJob
 from study.preset import StudySpec
 from study.search_space import Choice, Range, SearchSpace
 from study.setting_laws import CONSTANT, MAJORITY, POWER_LAW, setting_laws
 from study.tuner import Tuning, anchored_on
+from study.tuning_report import tunings
 
 SIZES = [104_688, 295_416, 652_128, 1_230_120]
 HELD_OUT = 2_084_688

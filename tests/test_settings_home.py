@@ -5,17 +5,17 @@ import ast
 import dataclasses
 from pathlib import Path
 
-from settings.from_config import read_settings
+from launch.from_config import read_settings
 from settings.section import Section
 from tests.run_helpers import REPO, TINY, compose_config
 
-PRODUCT = [path for path in REPO.rglob("*.py") if not path.relative_to(REPO).parts[0] in ("tests", "outputs", "build")]
+PRODUCT = [path for path in REPO.rglob("*.py") if path.relative_to(REPO).parts[0] not in ("tests", "outputs", "build")]
 
 #: Modules that may read the composed DictConfig: the settings reader, the entry point and its
 #: error path (which composes the config again to suggest a misspelt key), and the Hydra
 #: sweeper, which Hydra hands the config.
 CONFIG_READERS = {
-    "settings/from_config.py",
+    "launch/from_config.py",
     "train.py",
     "launch/cli.py",
     "hydra_plugins/study_sweeper/study_sweeper.py",
@@ -27,17 +27,17 @@ CONFIG_READERS = {
 CONFIG_ERROR_RAISERS = {
     # the sections' classes and the settings package
     "settings/typed.py": "keys and types of every section",
-    "settings/run_settings.py": "the tree: at most one technique sets the batch",
+    "launch/run_settings.py": "the tree: at most one technique sets the batch",
     "settings/job.py": "section: token_budget, init_from_hf",
     "settings/strategy.py": "section: strategy",
     "settings/trainer.py": "section: trainer",
-    "lightning_modules/llama.py": "section: model",
+    "lightning_modules/llama_settings.py": "section: model",
     "lightning_modules/global_batch.py": "section: batch (and the batch arithmetic it implies)",
     "lightning_modules/lr_schedule.py": "section: lr_schedule",
     "lightning_modules/layout_settings.py": "section: layout (float8, kernels, the memory plan)",
     "lightning_modules/memory_plan.py": "the layout section's memory plan: what does not fit",
     "lightning_modules/optimizers/settings.py": "section: optimizer",
-    "lightning_modules/optimizers/muon.py": "section: optimizer=muon",
+    "lightning_modules/optimizers/muon_settings.py": "section: optimizer=muon",
     "callbacks/technique.py": "the techniques' shared refusal of tensor parallelism",
     "callbacks/batch_size/adaptive_settings.py": "section: technique.adaptive_batch",
     "callbacks/batch_size/schedules.py": "section: the batch schedules",

@@ -6,11 +6,11 @@ import numpy as np
 import pytest
 from scipy import stats
 
+from common.errors import ConfigError
 from study.claim_tests import Condition, Spread, paired, resolvable, t_quantile, unpaired, verdict
+from study.jobs import study_jobs
 from study.preset import StudySpec
 from study.verdicts import judge_claim
-from study.jobs import study_jobs
-from common.errors import ConfigError
 
 ARMS = {"small": ["batch.global_batch_size=16"], "large": ["batch.global_batch_size=64", "optimizer.lr=8e-3"]}
 

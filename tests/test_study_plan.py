@@ -9,14 +9,12 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from study.preset import StudySpec
-from study.selection import UNDECIDED
-
-from study.verdicts import UNDERPOWERED, judge_claim
-
+from common.errors import ConfigError
 from study.claim_tests import Spread
 from study.plan import JUDGE, TUNE, StudyPlan, TunedJob
-from common.errors import ConfigError
+from study.preset import StudySpec
+from study.selection import UNDECIDED
+from study.verdicts import UNDERPOWERED, judge_claim
 
 LR_SEARCH = {"optimizer.lr": {"low": 1e-3, "high": 4e-3, "scale": "log", "step": 2, "min": 2.5e-4, "max": 3.2e-2}}
 

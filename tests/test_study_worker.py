@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from study.preset import StudySpec
-from study.plan import TUNE, StudyPlan
+from launch.sweep_jobs import LOCK, MARKER, lock_is_live
 from study import worker as study_worker
 from study.job_folders import job_folders
-from launch.sweep_jobs import LOCK, MARKER, lock_is_live
+from study.plan import TUNE, StudyPlan
+from study.preset import StudySpec
 
 SPEC = {
     "searcher": "gp",

@@ -15,12 +15,12 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import IntervalSweep, Override
 from omegaconf import DictConfig, OmegaConf
 
-from study.search_space import SearchSpace, format_value
-from study.preset import StudySpec
+from launch.from_config import read_settings
+from lightning_modules.llama_settings import default_mlp_hidden
 from study.coordinate_search import first_design
 from study.jobs import study_jobs
-from settings.from_config import read_settings
-from lightning_modules.llama import default_mlp_hidden
+from study.preset import StudySpec
+from study.search_space import SearchSpace, format_value
 from tests.run_helpers import REPO, TINY, run_train
 
 PRESETS = sorted(path.stem for path in (REPO / "conf" / "sweep").glob("*.yaml"))

@@ -12,7 +12,8 @@ from torch.distributed.tensor import DTensor
 from benchmarks.meta_init_memory import free_port, join_process_group
 from lightning_modules.float8 import convert_to_float8
 from lightning_modules.hf_interop import load_lightning_checkpoint
-from lightning_modules.llama import Llama, LlamaSettings
+from lightning_modules.llama import Llama
+from lightning_modules.llama_settings import LlamaSettings
 from lightning_modules.tensor_parallel import apply_tensor_parallel, loss_context
 from tests.layout_runs import (
     ADAPTIVE_BATCH,

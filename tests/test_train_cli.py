@@ -6,10 +6,9 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from launch.builders import build_module
-from settings.from_config import wandb_identity, wandb_tags
 from common.errors import ConfigError
-from settings.from_config import read_settings
+from launch.builders import build_module
+from launch.from_config import read_settings, wandb_identity, wandb_tags
 from tests.run_helpers import REPO, TINY, compose_config, export_matches_checkpoint, run_train
 
 
@@ -27,6 +26,18 @@ from tests.run_helpers import REPO, TINY, compose_config, export_matches_checkpo
         (["strategy=fsdp", "trainer.accelerator=cpu"], "strategy=fsdp (FSDP1) needs GPUs"),
         (["token_budget=null", "trainer.max_steps=-1"], "set token_budget or trainer.max_steps"),
         (["model.n_heads=3"], "n_heads"),
+        (
+            ["strategy=fsdp2", "strategy.tensor_parallel_size=two"],
+            "strategy.tensor_parallel_size='two' must be an integer >= 1",
+        ),
+        (
+            ["strategy=fsdp2", "strategy.pipeline_parallel_size=0"],
+            "strategy.pipeline_parallel_size=0 must be an integer >= 1",
+        ),
+        (
+            ["strategy=fsdp2", "trainer.devices=2", "strategy.data_parallel_size=3"],
+            "strategy.data_parallel_size=3 x strategy.tensor_parallel_size=1 must equal the 2 processes",
+        ),
     ],
 )
 def test_bad_config_is_rejected_with_a_message_naming_the_key(overrides, message, tmp_path):
@@ -41,6 +52,29 @@ def test_bad_config_exits_before_any_work(tmp_path):
     assert result.stderr.startswith("error: batch.micro_batch_size=2 does not divide")
     assert not (tmp_path / "cache").exists(), "config errors must be raised before tokenizing"
     assert not (tmp_path / "run").exists(), "a failed run leaves no folder"
+
+
+def test_mistakes_found_as_the_run_starts_leave_no_run_folder(tmp_path):
+    """A mistyped callback class and a sharded checkpoint folder under a single-device run are
+    found by the sections' service checks: one line, exit 2, before the default logger starts."""
+    shards = tmp_path / "last.ckpt"
+    shards.mkdir()
+    cases = {
+        "typo": (
+            ["callbacks.throughput._target_=callbacks.infrastructure.throughput.Throughputt"],
+            "callbacks.throughput._target_='callbacks.infrastructure.throughput.Throughputt' is not a class that exists",
+        ),
+        "shards": (
+            [f"ckpt_path={shards}"],
+            "is a distributed checkpoint (a folder of shards), which strategy=single_device cannot read",
+        ),
+    }
+    for name, (overrides, message) in cases.items():
+        result = run_train(TINY + overrides, tmp_path / name, tmp_path / "cache", timeout=120)
+        assert result.returncode == 2, result.stderr[-2000:]
+        assert result.stderr.startswith("error: ") and message in result.stderr, result.stderr[-2000:]
+        assert len(result.stderr.strip().splitlines()) == 1, result.stderr[-2000:]
+        assert not (tmp_path / name).exists(), "a failed run leaves no folder"
 
 
 def test_end_to_end_run_writes_an_offline_wandb_run_and_consistent_mfu(tmp_path):

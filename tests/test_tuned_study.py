@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from analysis.report import study_report, write_report
 from analysis.runs import load_run
+from study.report import study_report, write_report
 from tests.run_helpers import REPO, TINY, run_script, run_sweep, run_train
 
 SETTINGS = [o for o in TINY if not o.startswith(("optimizer.lr=", "token_budget="))]
@@ -221,7 +221,8 @@ def test_a_study_crossed_with_sizes_tunes_each_size_and_budgets_tokens_per_param
         load_run(path) for path in sorted((p for p in folder.iterdir() if p.name.isdigit()), key=lambda p: int(p.name))
     ]
     budgets = {run.setting("model.d_model"): run.setting("token_budget") for run in runs}
-    from lightning_modules.llama import LlamaSettings, count_parameters
+    from lightning_modules.llama import count_parameters
+    from lightning_modules.llama_settings import LlamaSettings
 
     for width, budget in budgets.items():
         model = {k: v for k, v in runs[0].setting("model").items() if k not in ("_target_", "d_model")}

@@ -8,13 +8,13 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from study.search_space import Choice, Range, SearchSpace, parse_search
-from study.preset import StudySpec
-from study.verdicts import NOT_RUN, NOT_TUNED, judge_claim
+from common.errors import ConfigError
 from study.claim_tests import Spread, paired
 from study.coordinate_search import AT_LIMIT, BRACKETED, NOT_BRACKETED, first_design
+from study.preset import StudySpec
+from study.search_space import Choice, Range, SearchSpace, parse_search
 from study.tuner import Search, Tuning
-from common.errors import ConfigError
+from study.verdicts import NOT_RUN, NOT_TUNED, judge_claim
 
 
 def search(space: SearchSpace, loss) -> Tuning:
@@ -210,7 +210,7 @@ def test_the_tuning_figure_draws_every_point_and_the_best_at_each_value_of_the_s
     setting (found here by brute force over the results); its dots are every finite point."""
     import matplotlib.pyplot as plt
 
-    from analysis.tuning_report import draw_setting
+    from study.tuning_report import draw_setting
 
     space = SearchSpace(
         tuple(

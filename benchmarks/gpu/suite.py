@@ -6,8 +6,8 @@ import sys
 import time
 
 from benchmarks.gpu.plan import Plan
-from common.overrides import override_value
 from benchmarks.gpu.runs import RunResult, measure
+from common.overrides import override_value
 
 
 class Budget:

@@ -33,8 +33,8 @@ import torch
 import torch.distributed as dist
 
 from callbacks.batch_size.adaptive_settings import AdaptiveBatchSettings
-from callbacks.batch_size.lr_scaling import LRScaling
 from callbacks.batch_size.gradient_samples import MicroStepSamples, RankSamples
+from callbacks.batch_size.lr_scaling import LRScaling
 from callbacks.batch_size.noise_tests import (
     PendingSums,
     SampleSums,
@@ -44,10 +44,9 @@ from callbacks.batch_size.noise_tests import (
     orthogonal_variance,
     required_batch,
 )
-from lightning_modules.step_callback import StepCallback
 from lightning_modules.sharded_sums import fsdp1_shard_groups
+from lightning_modules.step_callback import StepCallback
 from lightning_modules.training_state import TrainingState
-
 
 log = logging.getLogger(__name__)
 

@@ -85,7 +85,7 @@ class AdaptiveBatchSettings(TechniqueSettings):
 
     def min_accumulation(self, run: RunContext) -> int:
         """Micro-step samples need at least two micro-steps."""
-        return 2 if self.sample_kind(run.strategy) == "micro_batch" else 1
+        return 2 if self.sample_kind(run.strategy_name) == "micro_batch" else 1
 
     def check(self, run: RunContext) -> None:
         if self.read_next_step and run.sequential_replicas > 1:
@@ -93,8 +93,8 @@ class AdaptiveBatchSettings(TechniqueSettings):
                 f"{self.key}.read_next_step=true does not compose with simulated DiLoCo replicas (their turns'"
                 " proposals are decided together at the end of each global step); set read_next_step=false."
             )
-        kind = self.sample_kind(run.strategy)
-        batch = run.global_batch()
+        kind = self.sample_kind(run.strategy_name)
+        batch = run.global_batch
         if batch is None:
             return
         start = self.min_global_batch_size or batch.size
@@ -121,4 +121,4 @@ class AdaptiveBatchSettings(TechniqueSettings):
     def build(self, run: RunContext) -> "AdaptiveBatchSize":
         from callbacks.batch_size.adaptive import AdaptiveBatchSize
 
-        return AdaptiveBatchSize(self, self.sample_kind(run.strategy), self.lr_rule(run))
+        return AdaptiveBatchSize(self, self.sample_kind(run.strategy_name), self.lr_rule(run))

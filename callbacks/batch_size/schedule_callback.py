@@ -4,8 +4,8 @@ import lightning as L
 
 from callbacks.batch_size.schedules import BatchSchedule
 from lightning_modules.step_callback import StepCallback
-from settings.run_context import RunContext
 from lightning_modules.training_state import TrainingState
+from settings.run_context import RunContext
 
 
 class BatchScheduleCallback(StepCallback):

@@ -20,9 +20,9 @@ from typing import TYPE_CHECKING, ClassVar
 
 from callbacks.batch_size.lr_scaling import LRScaling, check_lr_scaling, lr_scaling_for
 from callbacks.technique import TechniqueSettings
-from settings.run_context import RunContext
 from common.errors import ConfigError
 from lightning_modules.clock import TrainingClock
+from settings.run_context import RunContext
 
 if TYPE_CHECKING:
     from callbacks.batch_size.schedule_callback import BatchScheduleCallback
@@ -47,7 +47,7 @@ class BatchSchedule(TechniqueSettings):
         return None
 
     def check(self, run: RunContext) -> None:
-        batch = run.global_batch()
+        batch = run.global_batch
         if batch is None:
             return
         for name, size in self.sizes(run).items():

@@ -23,10 +23,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
 from callbacks.batch_size.schedules import BatchSchedule
-from settings.run_context import RunContext
 from common.errors import ConfigError
 from lightning_modules.clock import TrainingClock
 from lightning_modules.lr_schedule import decay_factor
+from settings.run_context import RunContext
 
 if TYPE_CHECKING:
     from lightning_modules.training_state import TrainingState

@@ -63,8 +63,8 @@ from callbacks.diloco.outer_step import OuterStep
 from callbacks.diloco.replicas import Replicas, replica_mesh
 from callbacks.diloco.settings import DiLoCoSettings
 from callbacks.diloco.sync import FragmentSync, SyncRecord
-from lightning_modules.step_callback import StepCallback
 from lightning_modules.sharded_sums import local, shard_groups, sum_over_shards
+from lightning_modules.step_callback import StepCallback
 from lightning_modules.training_state import TrainingState
 
 if TYPE_CHECKING:

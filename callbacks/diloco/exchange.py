@@ -12,7 +12,6 @@ them later, so streaming DiLoCo overlaps the exchange with inner steps.
 import torch
 import torch.distributed as dist
 
-COMPRESSIONS = ("none", "bf16", "int8")
 BYTES_PER_ELEMENT = {"none": 4, "bf16": 2, "int8": 1}
 
 

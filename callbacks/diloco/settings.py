@@ -7,15 +7,14 @@ import importlib.util
 import os
 import socket
 from dataclasses import dataclass
-from urllib.parse import urlparse
 from typing import TYPE_CHECKING, Any, ClassVar
+from urllib.parse import urlparse
 
-from callbacks.diloco.exchange import COMPRESSIONS
 from callbacks.technique import TechniqueSettings, refuse_pipeline
-from settings.run_context import RunContext
-from settings.typed import class_named
 from common.data_groups import DataGroups
 from common.errors import ConfigError
+from settings.run_context import RunContext
+from settings.typed import class_named
 
 if TYPE_CHECKING:
     import torch
@@ -23,6 +22,8 @@ if TYPE_CHECKING:
     from callbacks.diloco.callback import DiLoCo
 
 BACKENDS = ("torch", "torchft")
+#: How pseudo-gradients travel (``exchange.py``): fp32, bf16 values, or int8 with one scale per tensor.
+COMPRESSIONS = ("none", "bf16", "int8")
 TORCHFT_INSTALL = "pip install torchft==0.2.0"
 #: Seconds to wait for the lighthouse's port, and for its answer, before calling it unreachable.
 LIGHTHOUSE_CONNECT_S = 5.0
@@ -69,7 +70,7 @@ class TorchftSettings:
     warn_after_rounds: a group that has committed none of this many rounds in a row says
         so, with its pace against its peers' (and again after as many more).
     per_group_keys: config keys, beyond the built-in per-group ones, that may differ
-        between the groups (``settings/from_config.py``); they must not change training.
+        between the groups (``launch/from_config.py``); they must not change training.
     """
 
     lighthouse: str | None
@@ -225,9 +226,6 @@ class DiLoCoSettings(TechniqueSettings):
 
     def check(self, run: RunContext) -> None:
         refuse_pipeline(self.key, run, "its replicas and outer step are not built for stages on several ranks yet")
-        import torch
-
-        self.make_outer_optimizer([torch.zeros(1)])  # the class and its arguments
         if self.fragments > run.n_layers:
             raise ConfigError(
                 f"{self.key}.fragments={self.fragments} exceeds model.n_layers={run.n_layers}:"
@@ -249,8 +247,8 @@ class DiLoCoSettings(TechniqueSettings):
                 f"{self.key}.simulated=true runs all replicas in one process, but this run has {run.world_size};"
                 f" set {self.key}.simulated=false for real replicas over the processes."
             )
-        if run.strategy not in ("single_device", "ddp"):
-            raise ConfigError(f"{self.key}: simulated replicas run unsharded; drop strategy={run.strategy}.")
+        if run.strategy_name not in ("single_device", "ddp"):
+            raise ConfigError(f"{self.key}: simulated replicas run unsharded; drop strategy={run.strategy_name}.")
         if run.max_steps > 0 and run.max_steps % self.replicas:
             raise ConfigError(
                 f"trainer.max_steps={run.max_steps} counts optimizer steps, {self.replicas} per global step with"
@@ -265,7 +263,7 @@ class DiLoCoSettings(TechniqueSettings):
                 f"{self.key}.replicas={self.replicas} must divide the {ranks} data-parallel ranks"
                 f"{split if run.tensor_parallel_size > 1 else ''}: raise trainer.devices or lower the replicas."
             )
-        if self.replicas > 1 and run.strategy != "fsdp2":
+        if self.replicas > 1 and run.strategy_name != "fsdp2":
             raise ConfigError(
                 f"{self.key}.replicas={self.replicas} over processes needs strategy=fsdp2: DDP or FSDP1 would"
                 " average gradients across replicas at every step."
@@ -320,7 +318,12 @@ class DiLoCoSettings(TechniqueSettings):
 
     def check_services(self, run: RunContext) -> None:
         """The lighthouse answers on its port within ``LIGHTHOUSE_CONNECT_S``, as a torchft
-        lighthouse (its dashboard, on ``GET /``), and this group has an address the others reach."""
+        lighthouse (its dashboard, on ``GET /``), and this group has an address the others reach.
+        First the outer optimizer is built on a stand-in tensor (its class and arguments): here, as
+        the run starts, since that needs torch, which the settings' own checks never load."""
+        import torch
+
+        self.make_outer_optimizer([torch.zeros(1)])
         if not self.fault_tolerant:
             return
         address, host, port = self._lighthouse()

@@ -28,7 +28,7 @@ groups that contributed one; the average is the sum over that count.
   taken and before a heal's state is loaded: each shows the others a fingerprint of the
   settings that must agree (the resolved run config less its per-group keys, the `auto`
   settings as this group resolved them, and a digest of the tokens' content:
-  ``settings/from_config.py``) and whether it has trained in the run already. A group
+  ``launch/from_config.py``) and whether it has trained in the run already. A group
   whose fingerprint differs from those of the groups already training (a mistaken restart)
   takes part in the round without contributing, then stops alone with one line naming the
   first key that differs and both values; the others say once that it was refused and go

@@ -18,10 +18,10 @@ import lightning as L
 import torch
 
 from callbacks.infrastructure.token_interval import TokenInterval
-from lightning_modules.step_callback import StepCallback
 from evaluation.corpus_cloze import TASK_NAME, build_corpus_cloze_task
 from evaluation.harness import TaskSpec, evaluate
 from evaluation.lm_adapter import LlamaLM
+from lightning_modules.step_callback import StepCallback
 from lightning_modules.training_state import TrainingState
 
 log = logging.getLogger(__name__)

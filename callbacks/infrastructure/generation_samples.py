@@ -16,8 +16,8 @@ from lightning.pytorch.loggers import WandbLogger
 from lm_eval.api.instance import Instance
 
 from callbacks.infrastructure.token_interval import TokenInterval
-from lightning_modules.step_callback import StepCallback
 from evaluation.lm_adapter import LlamaLM
+from lightning_modules.step_callback import StepCallback
 from lightning_modules.training_state import TrainingState
 
 log = logging.getLogger(__name__)

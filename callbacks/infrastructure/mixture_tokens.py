@@ -11,8 +11,8 @@ from typing import Any
 
 import lightning as L
 
-from lightning_modules.step_callback import StepCallback
 from data.datamodule import TextDataModule
+from lightning_modules.step_callback import StepCallback
 from lightning_modules.training_state import TrainingState
 
 

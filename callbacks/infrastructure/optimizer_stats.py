@@ -23,8 +23,8 @@ import lightning as L
 import torch
 import torch.distributed as dist
 
-from lightning_modules.step_callback import StepCallback
 from lightning_modules.sharded_sums import Groups, fsdp1_shard_groups, local, shard_groups
+from lightning_modules.step_callback import StepCallback
 from lightning_modules.training_state import TrainingState
 
 

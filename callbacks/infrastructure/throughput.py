@@ -25,8 +25,8 @@ import time
 import lightning as L
 import torch
 
-from lightning_modules.step_callback import StepCallback
 from lightning_modules.flops import float8_peak_flops, model_flops_per_token, peak_flops, recomputed_flops_per_token
+from lightning_modules.step_callback import StepCallback
 from lightning_modules.training_state import TrainingState
 
 log = logging.getLogger(__name__)

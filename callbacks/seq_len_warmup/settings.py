@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
 from callbacks.technique import TechniqueSettings, refuse_pipeline
-from settings.run_context import RunContext
 from common.errors import ConfigError
+from settings.run_context import RunContext
 
 if TYPE_CHECKING:
     from callbacks.seq_len_warmup.callback import SequenceLengthWarmup

@@ -1,12 +1,15 @@
 """AdamW with decoupled weight decay on the weight matrices (``optimizer=adamw``, the default)."""
 
+from __future__ import annotations
+
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
-import torch
-from torch import nn
+from lightning_modules.optimizers.settings import OptimizerSettings, check_betas
 
-from lightning_modules.optimizers.settings import OptimizerSettings, check_betas, decay_groups, trainable
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
 
 
 @dataclass(kw_only=True)
@@ -25,6 +28,10 @@ class AdamWSettings(OptimizerSettings):
     def build(self, model: nn.Module, fused: bool) -> torch.optim.AdamW:
         """AdamW over the decayed and non-decayed groups; ``fused`` takes its fused CUDA kernel
         (one launch for all parameters), only where every parameter is on a CUDA device."""
+        import torch  # as the optimizer is built: reading the settings stays free of torch
+
+        from lightning_modules.optimizers.parameter_groups import decay_groups, trainable
+
         fused = fused and all(p.device.type == "cuda" for p in model.parameters())
         groups = decay_groups(trainable(model), model, self.weight_decay)
         return torch.optim.AdamW(groups, lr=self.lr, betas=tuple(self.betas), eps=self.eps, fused=fused or None)

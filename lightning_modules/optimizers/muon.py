@@ -32,19 +32,17 @@ flattens parameters into 1-D shards, so Muon cannot see matrices there: refused.
 """
 
 import math
-from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 
-from common.errors import ConfigError
 from lightning_modules.llama import TransformerBlock
-from lightning_modules.optimizers.settings import OptimizerSettings, check_betas, decay_groups, trainable
-from settings.run_context import RunContext
+from lightning_modules.optimizers.parameter_groups import decay_groups, trainable
 
-ADJUST_LR = ("match_rms_adamw", "original")
-NS_DTYPES = ("auto", "bfloat16", "float32")
+if TYPE_CHECKING:
+    from lightning_modules.optimizers.muon_settings import MuonSettings
+
 NS_COEFFICIENTS = (3.4445, -4.7750, 2.0315)  # Jordan et al.'s quintic iteration, as torch's
 
 
@@ -180,67 +178,28 @@ class MuonWithAdamW(torch.optim.Optimizer):
         return loss
 
 
-@dataclass(kw_only=True)
-class MuonSettings(OptimizerSettings):
-    """``conf/optimizer/muon.yaml``: Muon's momentum, Nesterov, Newton-Schulz steps and dtype, LR rule;
-    AdamW's betas and eps for the other parameters; the shared LR, weight decay and clipping."""
-
-    kind: ClassVar[str] = "muon"
-
-    momentum: float
-    nesterov: bool
-    ns_steps: int
-    adjust_lr_fn: str
-    ns_dtype: str
-    betas: list[float]
-    eps: float
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        check_betas(self.betas)
-        if not 0.0 <= self.momentum < 1.0:
-            raise ConfigError(f"optimizer.momentum={self.momentum} must lie in [0, 1).")
-        if not 1 <= self.ns_steps < 100:
-            raise ConfigError(f"optimizer.ns_steps={self.ns_steps} must lie in [1, 99].")
-        if self.adjust_lr_fn not in ADJUST_LR:
-            raise ConfigError(f"optimizer.adjust_lr_fn={self.adjust_lr_fn!r} is unknown; choose one of {ADJUST_LR}.")
-        if self.ns_dtype not in NS_DTYPES:
-            raise ConfigError(f"optimizer.ns_dtype={self.ns_dtype!r} is unknown; choose one of {NS_DTYPES}.")
-
-    def check(self, run: RunContext) -> None:
-        if run.strategy == "fsdp":
-            raise ConfigError(
-                "optimizer=muon (the default) needs whole matrices, but strategy=fsdp (FSDP1) flattens parameters"
-                " into 1-D shards: use strategy=fsdp2 or strategy=ddp, or optimizer=adamw."
-            )
-
-    def iteration_dtype(self, matrices: list[nn.Parameter]) -> str:
-        """``ns_dtype`` with ``auto`` resolved: bfloat16 on GPUs, float32 on CPUs."""
-        if self.ns_dtype != "auto":
-            return self.ns_dtype
-        return "bfloat16" if matrices and all(p.device.type == "cuda" for p in matrices) else "float32"
-
-    def build(self, model: nn.Module, fused: bool) -> MuonWithAdamW:
-        hidden = hidden_matrices(model)
-        muon_ids = {id(p) for p in hidden}
-        rest = [p for p in trainable(model) if id(p) not in muon_ids]
-        muon = Muon(
-            [{"params": hidden, "name": "muon"}],
-            lr=self.lr,
-            weight_decay=self.weight_decay,
-            momentum=self.momentum,
-            nesterov=self.nesterov,
-            ns_steps=self.ns_steps,
-            adjust_lr_fn=self.adjust_lr_fn,
-            ns_dtype=self.iteration_dtype(hidden),
-        )
-        decayed, gains = decay_groups(rest, model, self.weight_decay)
-        fused = fused and all(p.device.type == "cuda" for p in rest)
-        adamw = torch.optim.AdamW(
-            [{**decayed, "name": "adamw"}, {**gains, "name": "adamw_no_decay"}],
-            lr=self.lr,
-            betas=tuple(self.betas),
-            eps=self.eps,
-            fused=fused or None,
-        )
-        return MuonWithAdamW(muon, adamw)
+def muon_with_adamw(settings: "MuonSettings", model: nn.Module, fused: bool) -> MuonWithAdamW:
+    """Muon over the blocks' hidden matrices, AdamW over the rest, as ``settings`` set them."""
+    hidden = hidden_matrices(model)
+    muon_ids = {id(p) for p in hidden}
+    rest = [p for p in trainable(model) if id(p) not in muon_ids]
+    muon = Muon(
+        [{"params": hidden, "name": "muon"}],
+        lr=settings.lr,
+        weight_decay=settings.weight_decay,
+        momentum=settings.momentum,
+        nesterov=settings.nesterov,
+        ns_steps=settings.ns_steps,
+        adjust_lr_fn=settings.adjust_lr_fn,
+        ns_dtype=settings.iteration_dtype(hidden),
+    )
+    decayed, gains = decay_groups(rest, model, settings.weight_decay)
+    fused = fused and all(p.device.type == "cuda" for p in rest)
+    adamw = torch.optim.AdamW(
+        [{**decayed, "name": "adamw"}, {**gains, "name": "adamw_no_decay"}],
+        lr=settings.lr,
+        betas=tuple(settings.betas),
+        eps=settings.eps,
+        fused=fused or None,
+    )
+    return MuonWithAdamW(muon, adamw)

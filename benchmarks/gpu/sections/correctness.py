@@ -8,7 +8,6 @@ from benchmarks.gpu.suite import Suite
 from benchmarks.gpu.tables import Column, Table, scientific
 from lightning_modules.liger_kernels import liger_available
 
-
 CORRECTNESS_COLUMNS = [
     Column("check", "check"),
     Column("model", "model"),

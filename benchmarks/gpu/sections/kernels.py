@@ -5,7 +5,6 @@ from benchmarks.gpu.suite import Suite
 from benchmarks.gpu.tables import MFU, PEAK, STATUS, TOKENS, Column, Table, add_ratios, decimals
 from lightning_modules.liger_kernels import liger_available
 
-
 KERNEL_COLUMNS = [
     Column("variant", "kernels"),
     Column("layout", "layout"),

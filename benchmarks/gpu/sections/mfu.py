@@ -4,7 +4,6 @@ from benchmarks.gpu.plan import Plan
 from benchmarks.gpu.suite import Suite
 from benchmarks.gpu.tables import MFU, PEAK, STATUS, TOKENS, Column, Table, add_ratios, decimals, mark_best, percent
 
-
 MFU_COLUMNS = [
     Column("variant", "layout"),
     TOKENS,

@@ -100,8 +100,8 @@ def squared_norm_error(model_name: str, device: str) -> float:
     """Relative error of the norm test's squared norms on the device, over random gradients of
     the model's parameter shapes, against float64."""
     from benchmarks.loops import REPO
-    from lightning_modules.llama import LlamaSettings
-    from settings.from_config import config_file
+    from launch.from_config import config_file
+    from lightning_modules.llama_settings import LlamaSettings
 
     node = config_file(REPO / "conf" / "model" / f"{model_name}.yaml")
     config = settings_from_config(LlamaSettings, {**node, "vocab_size": 32000}, "model")

@@ -1,6 +1,6 @@
 """The run's settings as one frozen tree of sections, and the two check phases over it.
 
-``settings/from_config.py`` builds the tree from the composed config (the one reader of
+``launch/from_config.py`` builds the tree from the composed config (the one reader of
 it); every other component reads typed fields from the tree. The tree derives the
 ``RunContext`` the sections check against (the process count, the micro-batch, what the
 techniques ask of the batch) and runs each phase over every section in one loop:
@@ -16,9 +16,9 @@ from callbacks.technique import TechniqueSettings
 from common.data_groups import DataGroups
 from common.errors import ConfigError
 from data.settings import DataSettings
-from lightning_modules.global_batch import BatchSettings, micro_batch_size_for
+from lightning_modules.global_batch import BatchSettings, GlobalBatch, micro_batch_size_for
 from lightning_modules.layout_settings import LayoutSettings
-from lightning_modules.llama import LlamaSettings
+from lightning_modules.llama_settings import LlamaSettings
 from lightning_modules.lr_schedule import LRScheduleSettings
 from lightning_modules.optimizers.settings import OptimizerSettings
 from settings.callbacks import CallbackSettings
@@ -114,11 +114,11 @@ def assemble(*, processes: int | None, **sections) -> RunSettings:
     trainer, techniques, batch = sections["trainer"], sections["techniques"], sections["batch"]
     run = RunContext(
         world_size=processes or trainer.stated_processes(),
-        strategy=sections["strategy"].name,
+        strategy_name=sections["strategy"].name,
         accelerator=trainer.accelerator,
         precision=trainer.precision,
         model=sections["model"],
-        optimizer=sections["optimizer"].kind,
+        optimizer_kind=sections["optimizer"].kind,
         batch=batch,
         token_budget=sections["job"].token_budget,
         lr_schedule=sections["lr_schedule"],
@@ -144,7 +144,10 @@ def assemble(*, processes: int | None, **sections) -> RunSettings:
     whole = run.world_size and run.world_size % model_parallel == 0
     ranks = groups.data_parallel_size(run.world_size) if whole else None
     micro = micro_batch_size_for(batch, ranks, replicas, accumulation) if ranks else None
-    run = dataclasses.replace(run, sequential_replicas=replicas, data_groups=groups, micro_batch_size=micro)
+    batches = GlobalBatch(batch, micro, ranks, replicas) if micro is not None else None
+    run = dataclasses.replace(
+        run, sequential_replicas=replicas, data_groups=groups, micro_batch_size=micro, global_batch=batches
+    )
     settings = RunSettings(**sections, run=run)
     settings.check()
     return settings

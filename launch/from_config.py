@@ -4,7 +4,7 @@ This is the one module that reads the composed ``DictConfig`` (besides the entry
 compose it and the study sweeper's Hydra adapter): every section becomes its typed class
 (``settings/typed.py`` checks keys and types), the nodes that name a class to instantiate
 (data module, trainer, strategy, loggers, callbacks) are kept as plain resolved values, and
-``settings/run_settings.py`` assembles and checks the tree. Everything here is cheap and
+``launch/run_settings.py`` assembles and checks the tree. Everything here is cheap and
 imports neither Lightning nor the data libraries.
 
 It also derives, from the whole config, what the sections cannot see alone: the settings
@@ -24,15 +24,15 @@ from omegaconf.errors import InterpolationResolutionError
 
 from callbacks.technique import TechniqueSettings
 from data.settings import DataSettings
+from launch.run_settings import RunSettings, assemble
 from lightning_modules.global_batch import BatchSettings
 from lightning_modules.layout_settings import LayoutSettings
-from lightning_modules.llama import LlamaSettings
+from lightning_modules.llama_settings import LlamaSettings
 from lightning_modules.lr_schedule import LRScheduleSettings
 from lightning_modules.optimizers.settings import OptimizerSettings
 from settings.callbacks import CallbackSettings
 from settings.job import JobSettings
 from settings.loggers import LoggerSettings
-from settings.run_settings import RunSettings, assemble
 from settings.strategy import StrategySettings
 from settings.trainer import TrainerSettings
 from settings.typed import class_named, coerce, settings_from_config
@@ -42,32 +42,33 @@ WANDB_JOB_TYPE_LENGTH = 64  # W&B refuses longer job types
 
 def read_settings(cfg: DictConfig, processes: int | None = None) -> RunSettings:
     """The run's settings from its composed config, checked; ``processes`` overrides the count
-    the config states (``trainer.devices`` x ``trainer.num_nodes``)."""
-    resolved = _hyperparameters(cfg)
+    the config states (``trainer.devices`` x ``trainer.num_nodes``). The config is resolved
+    once; every section reads its node of that tree."""
+    tree = _hyperparameters(cfg)
     return assemble(
         processes=processes,
-        job=_job(cfg),
-        model=settings_from_config(LlamaSettings, plain(cfg.model), "model"),
-        batch=settings_from_config(BatchSettings, plain(cfg.batch), "batch"),
-        lr_schedule=settings_from_config(LRScheduleSettings, plain(cfg.lr_schedule), "lr_schedule"),
-        layout=settings_from_config(LayoutSettings, plain(cfg.layout), "layout"),
-        techniques=_techniques(cfg),
-        optimizer=_optimizer(cfg),
-        data=DataSettings(spec=plain(cfg.data)),
-        strategy=StrategySettings.from_spec(plain(cfg.strategy)),
-        trainer=TrainerSettings.from_spec(plain(cfg.trainer)),
+        job=_job(tree),
+        model=settings_from_config(LlamaSettings, tree["model"], "model"),
+        batch=settings_from_config(BatchSettings, tree["batch"], "batch"),
+        lr_schedule=settings_from_config(LRScheduleSettings, tree["lr_schedule"], "lr_schedule"),
+        layout=settings_from_config(LayoutSettings, tree["layout"], "layout"),
+        techniques=_techniques(tree),
+        optimizer=_optimizer(tree),
+        data=DataSettings(spec=tree["data"]),
+        strategy=StrategySettings.from_spec(tree["strategy"]),
+        trainer=TrainerSettings.from_spec(tree["trainer"]),
         logger=LoggerSettings(
-            specs=plain(cfg.get("logger")) or {},
+            specs=tree.get("logger") or {},
             identity=wandb_identity(cfg),
             tags=wandb_tags(cfg),
-            hyperparameters=resolved,
+            hyperparameters=tree,
         ),
         callbacks=CallbackSettings(
-            specs=plain(cfg.get("callbacks")) or {},
-            evaluation=_instantiable(cfg, "evaluation"),
-            samples=_instantiable(cfg, "samples"),
+            specs=tree.get("callbacks") or {},
+            evaluation=_instantiable(tree, "evaluation"),
+            samples=_instantiable(tree, "samples"),
         ),
-        shared_settings=shared_settings(cfg, resolved),
+        shared_settings=shared_settings(cfg, tree),
     )
 
 
@@ -108,46 +109,47 @@ def _hyperparameters(cfg: DictConfig) -> dict[str, Any]:
     return plain(OmegaConf.masked_copy(cfg, [key for key in cfg if key != "hydra"]))
 
 
-def _job(cfg: DictConfig) -> JobSettings:
+def _job(tree: dict[str, Any]) -> JobSettings:
     hints = typing.get_type_hints(JobSettings)
     fields = [field.name for field in dataclasses.fields(JobSettings)]
-    return JobSettings(**{name: coerce(plain(cfg.get(name)), hints[name], name) for name in fields})
+    return JobSettings(**{name: coerce(tree.get(name), hints[name], name) for name in fields})
 
 
-def _techniques(cfg: DictConfig) -> dict[str, TechniqueSettings]:
+def _techniques(tree: dict[str, Any]) -> dict[str, TechniqueSettings]:
     """Each ``technique.NAME`` node as the settings class its ``_target_`` names."""
     techniques = {}
-    for name, node in (cfg.get("technique") or {}).items():
+    for name, node in (tree.get("technique") or {}).items():
         key = f"technique.{name}"
-        target = node.get("_target_") if isinstance(node, DictConfig) else None
         cls = class_named(
-            target,
+            _target(node),
             f"{key}._target_",
             TechniqueSettings,
             "a TechniqueSettings class",
             "technique configs come from conf/technique/ (e.g. +technique=adaptive_batch)",
         )
-        techniques[name] = settings_from_config(cls, plain(node), key)
+        techniques[name] = settings_from_config(cls, node, key)
     return techniques
 
 
-def _optimizer(cfg: DictConfig) -> OptimizerSettings:
+def _optimizer(tree: dict[str, Any]) -> OptimizerSettings:
     """The ``optimizer`` node as the settings class its ``_target_`` names (``conf/optimizer/``)."""
-    node = cfg.optimizer
-    target = node.get("_target_") if isinstance(node, DictConfig) else None
     cls = class_named(
-        target,
+        _target(tree["optimizer"]),
         "optimizer._target_",
         OptimizerSettings,
         "a OptimizerSettings class",
         "choose one from conf/optimizer/ (e.g. optimizer=muon)",
     )
-    return settings_from_config(cls, plain(node), "optimizer")
+    return settings_from_config(cls, tree["optimizer"], "optimizer")
 
 
-def _instantiable(cfg: DictConfig, key: str) -> dict[str, Any] | None:
+def _target(node: Any) -> Any:
+    return node.get("_target_") if isinstance(node, dict) else None
+
+
+def _instantiable(tree: dict[str, Any], key: str) -> dict[str, Any] | None:
     """A node that names a class to build, or None where its choice (``none``) names none."""
-    node = plain(cfg.get(key)) or {}
+    node = tree.get(key) or {}
     return node if node.get("_target_") else None
 
 

@@ -16,19 +16,19 @@ from pathlib import Path
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.pyplot as plt
 
-from study.joint_search import SAMPLERS  # noqa: E402
-from analysis.runs import Run  # noqa: E402
-from study.search_record import JOURNAL, SearchRecord, fingerprint, open_storage, search_name, written_by_another  # noqa: E402
-from study.search_space import Choice, Range, describe  # noqa: E402
-from study.preset import StudySpec  # noqa: E402
-from study.claim_tests import ONE_SIDED_ALPHA  # noqa: E402
-from study.coordinate_search import TUNED as TUNED_STATUSES  # noqa: E402
-from study.selection import NOT_TUNED, UNDECIDED, AnchorLead  # noqa: E402
-from study.tuner import Tuning, anchored_on, tuning_from_seeds  # noqa: E402
-from analysis.scaling_laws import parameter_count  # noqa: E402
-from common.overrides import override_key  # noqa: E402
+from analysis.runs import Run
+from analysis.scaling_laws import parameter_count
+from common.overrides import override_key
+from study.claim_tests import ONE_SIDED_ALPHA
+from study.coordinate_search import TUNED as TUNED_STATUSES
+from study.joint_search import SAMPLERS
+from study.preset import StudySpec
+from study.search_record import JOURNAL, SearchRecord, fingerprint, open_storage, search_name, written_by_another
+from study.search_space import Choice, Range, describe
+from study.selection import NOT_TUNED, UNDECIDED, AnchorLead
+from study.tuner import Tuning, anchored_on, tuning_from_seeds
 
 
 def tunings(spec: StudySpec, runs: list[Run], select: str = "val/loss") -> dict[tuple[str, str], Tuning]:

@@ -9,7 +9,7 @@ time (validation loss); a study's claims get a verdict each (``study/preset.py``
 is what a W&B dashboard grouped by ``job_type`` shows, made from the CSV logs, so it works
 offline and with no account.
 
-    from analysis.report import study_report
+    from study.report import study_report
     report = study_report(["outputs/multiruns/study_batch_schedules/<time>"])
     print(report.markdown())              # tables and verdicts; report.groups, report.verdicts
 """
@@ -22,19 +22,20 @@ import matplotlib
 import numpy as np
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.pyplot as plt
 
-from analysis.runs import DERIVED, STEP, TOKENS, WALL_TIME, Run, find_runs  # noqa: E402
-from study.claim_tests import Spread  # noqa: E402
-from study.looks import judge_in_looks  # noqa: E402
-from study.preset import Claim, StudySpec  # noqa: E402
-from study.verdicts import NOT_TUNED, Verdict  # noqa: E402
-from study.tuner import Tuning  # noqa: E402
-from analysis.scaling_laws import parameter_count  # noqa: E402
-from study.trend import judge_trend  # noqa: E402
-from analysis.ladder import HELD_OUT  # noqa: E402
-from common.overrides import override_value  # noqa: E402
-from analysis.tuning_report import crossed_with, distinct_crossings, tuning_figures, tuning_table, tunings  # noqa: E402
+from analysis.ladder import HELD_OUT
+from analysis.markdown_table import markdown_table
+from analysis.runs import DERIVED, STEP, TOKENS, WALL_TIME, Run, find_runs
+from analysis.scaling_laws import parameter_count
+from common.overrides import override_value
+from study.claim_tests import Spread
+from study.looks import judge_in_looks
+from study.preset import Claim, StudySpec
+from study.trend import judge_trend
+from study.tuner import Tuning
+from study.tuning_report import crossed_with, distinct_crossings, tuning_figures, tuning_table, tunings
+from study.verdicts import NOT_TUNED, Verdict
 
 
 @dataclass(frozen=True)
@@ -314,14 +315,6 @@ def _cell(value: float | None) -> str:
     if value is None:
         return "-"
     return f"{value:,.0f}" if value.is_integer() or abs(value) >= 100 else f"{value:.4f}"
-
-
-def markdown_table(rows: list[dict[str, str]]) -> str:
-    """A markdown table with the first row's keys as its header."""
-    columns = list(rows[0])
-    lines = [f"| {' | '.join(columns)} |", f"|{'---|' * len(columns)}"]
-    cells = [[str(row[column]).replace("|", "\\|") for column in columns] for row in rows]
-    return "\n".join(lines + [f"| {' | '.join(row)} |" for row in cells])
 
 
 def final_table(runs: list[Run], labels: list[str]) -> str:
