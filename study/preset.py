@@ -59,12 +59,13 @@ seed) and judges each claim here.
 Verdicts on the claims: ``study/verdicts.py``.
 """
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from analysis.runs import parse_reduction
 from common.errors import ConfigError
 from common.overrides import override_key
+from settings.typed import settings_from_config
 from study.claim_tests import BETTER, CONDITIONS, RETIRED, Condition
 from study.search_space import Dimension, SearchSpace, parse_anchors, parse_search
 from study.selection import DEFAULT_REGRET_MARGIN
@@ -162,120 +163,157 @@ class StudySpec:
     @classmethod
     def from_config(cls, node: Any) -> "StudySpec":
         """Check and convert a ``study`` block (a plain dict); mistakes name the key and the fix."""
-        node = dict(node or {})
-        arms, seeds = node.get("arms"), node.get("seeds")
-        if not isinstance(arms, dict) or not arms:
+        if not isinstance((node or {}).get("arms"), dict) or not node["arms"]:
             raise ConfigError(
                 "study.arms must map each arm's name to its list of overrides, e.g. {small: [batch.global_batch_size=16]}."
             )
-        shared = parse_search(node.get("search"), "study.search")
-        overrides, dimensions, extras = {}, {}, {}
-        for name, entry in arms.items():
-            overrides[name], own, extras[name] = _arm(name, entry)
-            dimensions[name] = {**shared, **own}
-        seeds, max_seeds, error_control, looks = _judging_seeds(seeds)
-        tuning_seeds = (
-            _seeds(node.get("tuning_seeds"), "study.tuning_seeds") if node.get("tuning_seeds") is not None else []
-        )
+        block = settings_from_config(StudyBlock, node, "study")
+        shared = parse_search(block.search, "study.search")
+        arms = {name: _arm(name, entry) for name, entry in block.arms.items()}
+        seeds, max_seeds, error_control, looks = _judging_seeds(block.seeds)
+        tuning_seeds = _seeds(block.tuning_seeds, "study.tuning_seeds") if block.tuning_seeds is not None else []
         searches = {}
-        if any(dimensions.values()):
+        if shared or any(arm.search for arm in arms.values()):
             reserved = {*tuning_seeds, *seeds}
-            searches = {
-                name: _search(name, node, dimensions[name], overrides[name], extras[name], reserved) for name in arms
-            }
-            if not tuning_seeds:
-                raise ConfigError(
-                    "study.tuning_seeds is missing: a study with a search needs the seeds it tunes on, e.g. [1], apart from study.seeds."
-                )
-            repeated = sorted(set(tuning_seeds) & set(seeds))
-            if repeated:
-                raise ConfigError(
-                    f"study.seeds repeats the tuning seeds {repeated}: winners are judged on other seeds; e.g. tuning_seeds [1], seeds [2, 3, 4]."
-                )
-            finalist_seeds = {seed for search in searches.values() for seed in search.finalist_seeds}
-            repeated = sorted(finalist_seeds & set(seeds + tuning_seeds))
-            if repeated:
-                raise ConfigError(
-                    f"study.finalists.seeds repeats {repeated}, a tuning or judging seed: finalists run again on seeds of their own,"
-                    " e.g. [21, 22]."
-                )
+            searches = {name: _search(name, block, arm, shared, reserved) for name, arm in arms.items()}
+            _check_tuning_seeds(tuning_seeds, seeds, searches)
         elif tuning_seeds:
             raise ConfigError(
                 "study.tuning_seeds is set but nothing is searched: add study.search (or an arm's search), or drop tuning_seeds."
             )
         else:
-            _no_search_settings(node, extras)
+            _no_search_settings(block, arms)
             if max_seeds is not None:
                 raise ConfigError(
                     f"study.seeds.max: only a tuned study adds judging seeds in rounds; give study.seeds as a list, e.g. {seeds}."
                 )
-        claims = [_claim(index, entry, arms) for index, entry in enumerate(node.get("claims") or [])]
-        columns = list(node.get("columns") or [])
-        for column in columns:
+        claims = [_claim(index, entry, arms) for index, entry in enumerate(block.claims or [])]
+        for column in block.columns or []:
             try:
-                parse_reduction(str(column))
+                parse_reduction(column)
             except ValueError as error:
                 raise ConfigError(f"study.columns: {error}.") from None
-        per_parameter = node.get("tokens_per_parameter")
-        if per_parameter is not None and (
-            isinstance(per_parameter, bool) or not isinstance(per_parameter, int | float) or per_parameter <= 0
-        ):
+        if block.tokens_per_parameter is not None and block.tokens_per_parameter <= 0:
             raise ConfigError(
-                f"study.tokens_per_parameter={per_parameter!r} must be a number > 0 (or null: the config's token_budget)."
+                f"study.tokens_per_parameter={block.tokens_per_parameter!r} must be a number > 0 (or null: the config's token_budget)."
             )
-        held_out = _held_out(node.get("held_out"), {name: search.space for name, search in searches.items()})
-        storage = node.get("storage")
-        if storage is not None and (not isinstance(storage, str) or not storage or not searches):
+        if block.storage is not None and (not block.storage or not searches):
             raise ConfigError(
-                f"study.storage={storage!r} must be a journal file path or a storage URL (sqlite:///study.db), in a study"
+                f"study.storage={block.storage!r} must be a journal file path or a storage URL (sqlite:///study.db), in a study"
                 " with a search; or null for the sweep folder's journal."
             )
         return cls(
-            arms=overrides,
+            arms={name: arm.overrides for name, arm in arms.items()},
             seeds=seeds,
             claims=claims,
-            columns=columns,
+            columns=list(block.columns or []),
             tuning_seeds=tuning_seeds,
             searches=searches,
-            tokens_per_parameter=per_parameter,
-            held_out=held_out,
+            tokens_per_parameter=block.tokens_per_parameter,
+            held_out=_held_out(block.held_out, searches),
             max_seeds=max_seeds,
             error_control=error_control,
             looks=looks,
-            storage=storage,
+            storage=block.storage,
         )
 
 
+def _check_tuning_seeds(tuning_seeds: list[int], seeds: list[int], searches: dict[str, "Search"]) -> None:
+    """A tuned study tunes, picks finalists and judges on three disjoint sets of seeds."""
+    if not tuning_seeds:
+        raise ConfigError(
+            "study.tuning_seeds is missing: a study with a search needs the seeds it tunes on, e.g. [1], apart from study.seeds."
+        )
+    repeated = sorted(set(tuning_seeds) & set(seeds))
+    if repeated:
+        raise ConfigError(
+            f"study.seeds repeats the tuning seeds {repeated}: winners are judged on other seeds; e.g. tuning_seeds [1], seeds [2, 3, 4]."
+        )
+    finalist_seeds = {seed for search in searches.values() for seed in search.finalist_seeds}
+    repeated = sorted(finalist_seeds & set(seeds + tuning_seeds))
+    if repeated:
+        raise ConfigError(
+            f"study.finalists.seeds repeats {repeated}, a tuning or judging seed: finalists run again on seeds of their own,"
+            " e.g. [21, 22]."
+        )
+
+
+@dataclass(frozen=True, kw_only=True)
+class SearchSettings:
+    """How an arm is searched, given for the whole study (``study.budget``) or per arm
+    (``study.arms.NAME.budget``, which wins); None where not given (the defaults are the
+    searcher's own, ``study/tuner.py``)."""
+
+    searcher: str | None = None
+    budget: int | None = None
+    round_size: int | None = None
+    search_seed: int | None = None
+    finalists: dict | None = None
+    previous_size_anchor: bool | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class StudyBlock(SearchSettings):
+    """The ``study`` block's keys, typed by the run's own reader (``settings/typed.py``): an
+    unknown key or a value of the wrong type is one ``error:`` line naming it. The parts with a
+    structure of their own (arms, seeds, claims, search, finalists) are parsed below."""
+
+    arms: dict
+    seeds: list[int] | dict
+    #: The arm and phase of one job (the sweeper sets them; a saved run's config holds them).
+    arm: str | None = None
+    phase: str | None = None
+    claims: list | None = None
+    columns: list[str] | None = None
+    tuning_seeds: list[int] | None = None
+    search: dict | None = None
+    tokens_per_parameter: float | None = None
+    held_out: str | None = None
+    storage: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class ArmBlock(SearchSettings):
+    """An arm given as a mapping: its fixed overrides, its own search and anchors, and its own
+    search settings."""
+
+    overrides: list[str] | None = None
+    search: dict | None = None
+    anchors: list | None = None
+
+
+@dataclass(frozen=True)
+class Arm:
+    """An arm as the study uses it."""
+
+    overrides: list[str]
+    search: dict[str, Dimension]
+    settings: SearchSettings
+    anchors: list | None = None
+
+
 #: Settings of an arm's search, given for the whole study or per arm (the arm's wins).
-SEARCH_SETTINGS = ("searcher", "budget", "round_size", "search_seed", "finalists", "previous_size_anchor")
+SEARCH_SETTINGS = tuple(field.name for field in fields(SearchSettings))
 
 
 def _search(
-    name: str,
-    node: dict,
-    dimensions: dict[str, Dimension],
-    overrides: list[str],
-    own: dict[str, Any],
-    reserved: set[int] = frozenset(),
+    name: str, block: StudyBlock, arm: Arm, shared: dict[str, Dimension], reserved: set[int] = frozenset()
 ) -> Search:
     """An arm's search from the study's settings and its own (``budget``, ``anchors``, ...)."""
-    space = _space(name, dimensions, overrides)
-    settings = {key: own[key] if key in own else node.get(key) for key in SEARCH_SETTINGS}
+    space = _space(name, {**shared, **arm.search}, arm.overrides)
+    own = {key for key in SEARCH_SETTINGS if getattr(arm.settings, key) is not None}
+    settings = {key: getattr(arm.settings if key in own else block, key) for key in SEARCH_SETTINGS}
     where = {key: f"study.arms.{name}.{key}" if key in own else f"study.{key}" for key in SEARCH_SETTINGS}
     searcher = settings["searcher"] if settings["searcher"] is not None else DEFAULT_SEARCHER
     if searcher not in SEARCHERS:
         raise ConfigError(
             f"{where['searcher']}={searcher!r} is not a searcher; use one of {', '.join(SEARCHERS)} (gp is the default)."
         )
-    anchors = parse_anchors(own.get("anchors"), space, f"study.arms.{name}.anchors") if space.dimensions else ()
+    anchors = parse_anchors(arm.anchors, space, f"study.arms.{name}.anchors") if space.dimensions else ()
     budget, round_size, seed = settings["budget"], settings["round_size"], settings["search_seed"]
-    for key, value in (("budget", budget), ("round_size", round_size), ("search_seed", seed)):
-        if value is not None and (
-            isinstance(value, bool) or not isinstance(value, int) or value < (0 if key == "search_seed" else 1)
-        ):
-            raise ConfigError(
-                f"{where[key]}={value!r} must be a whole number{' >= 0' if key == 'search_seed' else ' >= 1'}."
-            )
+    for key, value, least in (("budget", budget, 1), ("round_size", round_size, 1), ("search_seed", seed, 0)):
+        if value is not None and value < least:
+            raise ConfigError(f"{where[key]}={value!r} must be a whole number >= {least}.")
     if space.dimensions and budget is None and searcher != "coordinate":
         raise ConfigError(
             f"study.arms.{name}: the {searcher} searcher needs a budget of tuning points (study.budget or"
@@ -287,12 +325,6 @@ def _search(
             f" give at least {len(anchors) + 1}."
         )
     finalists = _finalists(settings["finalists"], where["finalists"], reserved)
-    previous = settings["previous_size_anchor"]
-    if previous is not None and not isinstance(previous, bool):
-        raise ConfigError(
-            f"{where['previous_size_anchor']}={previous!r} must be true or false: whether each size's search"
-            " anchors on the same arm's winner at the next smaller size."
-        )
     return Search(
         space,
         searcher,
@@ -302,7 +334,7 @@ def _search(
         anchors,
         finalists.count,
         finalists.seeds,
-        bool(previous),
+        bool(settings["previous_size_anchor"]),
         finalists.first,
         finalists.margin,
     )
@@ -353,10 +385,15 @@ def _finalists(node: Any, key: str, reserved: set[int]) -> Finalists:
     return Finalists(count, (*first, *more[: most - len(first)]), len(first), float(margin))
 
 
-def _no_search_settings(node: dict, extras: dict[str, dict[str, Any]]) -> None:
+def _no_search_settings(block: StudyBlock, arms: dict[str, Arm]) -> None:
     """A study without a search must not set how one would run (a sign of a missing search)."""
-    given = [f"study.{key}" for key in SEARCH_SETTINGS if node.get(key) is not None]
-    given += [f"study.arms.{name}.{key}" for name, own in extras.items() for key in own]
+    given = [f"study.{key}" for key in SEARCH_SETTINGS if getattr(block, key) is not None]
+    given += [
+        f"study.arms.{name}.{key}"
+        for name, arm in arms.items()
+        for key in ("anchors", *SEARCH_SETTINGS)
+        if getattr(arm.settings if key != "anchors" else arm, key) is not None
+    ]
     if given:
         raise ConfigError(
             f"{', '.join(given)} set, but nothing is searched: add study.search (or an arm's search), or drop them."
@@ -394,14 +431,14 @@ def _judging_seeds(node: Any) -> tuple[list[int], int | None, str, tuple[int, ..
     return first, cap, spending, tuple(looks)
 
 
-def _held_out(name: Any, spaces: dict[str, SearchSpace]) -> str | None:
+def _held_out(name: Any, searches: dict[str, Search]) -> str | None:
     """The held-out size: a model preset's name, in a study with a search (its settings follow
     laws fitted to the searched sizes' winners, ``study/setting_laws.py``)."""
     if name is None:
         return None
     if not isinstance(name, str) or not name:
         raise ConfigError(f"study.held_out={name!r} must name one of the ladder's model presets, e.g. ladder_2_1m.")
-    if not spaces:
+    if not searches:
         raise ConfigError(
             "study.held_out needs a search (study.search): the held-out size's settings are fitted to the others' winners."
         )
@@ -419,26 +456,18 @@ def _seeds(seeds: Any, key: str) -> list[int]:
     return list(seeds)
 
 
-ARM_FIELDS = ("overrides", "search", "anchors", *SEARCH_SETTINGS)
-
-
-def _arm(name: str, entry: Any) -> tuple[list[str], dict[str, Dimension], dict[str, Any]]:
-    """An arm's fixed overrides, its own search and its own search settings: a list of
-    overrides, or a mapping ``{overrides: [...], search: {...}, anchors: [...], budget: N}``."""
+def _arm(name: str, entry: Any) -> Arm:
+    """An arm: a list of overrides, or a mapping ``{overrides: [...], search: {...}, anchors:
+    [...], budget: N}`` (``ArmBlock``)."""
     key = f"study.arms.{name}"
-    search, settings = {}, {}
     if isinstance(entry, dict):
-        unknown = set(entry) - set(ARM_FIELDS)
-        if unknown:
-            raise ConfigError(
-                f"{key}: unknown fields {sorted(unknown)}; an arm is a list of overrides or a mapping of {', '.join(ARM_FIELDS)}."
-            )
-        search = parse_search(entry.get("search"), f"{key}.search")
-        settings = {field: entry[field] for field in ("anchors", *SEARCH_SETTINGS) if entry.get(field) is not None}
-        entry = entry.get("overrides") or []
-    if not isinstance(entry, list) or not all(isinstance(o, str) and "=" in o for o in entry):
-        raise ConfigError(f"{key} must be a list of overrides such as 'optimizer.lr=1e-3', got {entry!r}.")
-    return list(entry), search, settings
+        block = settings_from_config(ArmBlock, entry, key)
+        arm = Arm(block.overrides or [], parse_search(block.search, f"{key}.search"), block, block.anchors)
+    else:
+        arm = Arm(entry, {}, SearchSettings())
+    if not isinstance(arm.overrides, list) or not all(isinstance(o, str) and "=" in o for o in arm.overrides):
+        raise ConfigError(f"{key} must be a list of overrides such as 'optimizer.lr=1e-3', got {arm.overrides!r}.")
+    return arm
 
 
 def _space(name: str, search: dict[str, Dimension], overrides: list[str]) -> SearchSpace:

@@ -6,8 +6,9 @@ import numpy as np
 import pytest
 from scipy import stats
 
+from analysis.student_t import t_quantile
 from common.errors import ConfigError
-from study.claim_tests import Condition, Spread, paired, resolvable, t_quantile, unpaired, verdict
+from study.claim_tests import Condition, Spread, paired, resolvable, unpaired, verdict
 from study.jobs import study_jobs
 from study.preset import StudySpec
 from study.verdicts import judge_claim
@@ -254,6 +255,20 @@ def test_a_front_claim_is_below_on_or_above_the_front() -> None:
         (
             {"arms": ARMS, "seeds": {"first": [1, 2], "max": 4}},
             "study.seeds.max: only a tuned study adds judging seeds in rounds",
+        ),
+        # Read by the run's typed reader: a misspelt key is refused, not ignored; types are checked.
+        (
+            {"arms": ARMS, "seeds": [2], "tuning_seed": [1]},
+            r"unknown key\(s\) study.tuning_seed; valid keys of `study`",
+        ),
+        (
+            {"arms": {"a": {"overrides": ["optimizer.lr=1"], "budgett": 4}}, "seeds": [1]},
+            r"unknown key\(s\) study.arms.a.budgett",
+        ),
+        ({"arms": ARMS, "seeds": [1], "budget": True}, "study.budget=True must be an integer or null"),
+        (
+            {"arms": ARMS, "seeds": [1], "tokens_per_parameter": "many"},
+            "study.tokens_per_parameter='many' must be a number",
         ),
     ],
 )
