@@ -14,10 +14,10 @@ LLAMA2_7B = LlamaSettings(name="llama2_7b", vocab_size=32000, n_layers=32, d_mod
 LLAMA2_7B_PARAMETERS = 2 * 32000 * 4096 + 32 * (4 * 4096 * 4096 + 3 * 4096 * 11008 + 2 * 4096) + 4096
 
 
-def test_llama2_7b_states_are_16_bytes_per_parameter_under_mixed_precision():
-    assert LLAMA2_7B_PARAMETERS == 6_738_415_616  # the published count
-    plan = memory_plan(
-        LLAMA2_7B,
+def llama2_7b_plan(**changes):
+    """The plan of Llama-2-7B at one 4096-token sequence per rank on one device under
+    bf16-mixed AdamW with full checkpointing and the fused loss, with ``changes``."""
+    settings = dict(
         precision="bf16-mixed",
         optimizer="adamw",
         shards=1,
@@ -26,6 +26,12 @@ def test_llama2_7b_states_are_16_bytes_per_parameter_under_mixed_precision():
         checkpointing="full",
         loss="liger",
     )
+    return memory_plan(LLAMA2_7B, **{**settings, **changes})
+
+
+def test_llama2_7b_states_are_16_bytes_per_parameter_under_mixed_precision():
+    assert LLAMA2_7B_PARAMETERS == 6_738_415_616  # the published count
+    plan = llama2_7b_plan()
     assert plan.states == 16 * LLAMA2_7B_PARAMETERS
     # Autocast over fp32 weights: full checkpointing keeps each block's fp32 input, and one block
     # is recomputed at a time (its norms' fp32 inputs and outputs, five bf16 input casts, q, k, v,
@@ -35,41 +41,14 @@ def test_llama2_7b_states_are_16_bytes_per_parameter_under_mixed_precision():
 
 
 def test_sharding_divides_the_states_and_bf16_true_halves_them():
-    mixed = memory_plan(
-        LLAMA2_7B,
-        precision="bf16-mixed",
-        optimizer="adamw",
-        shards=4,
-        micro_batch=1,
-        seq_len=4096,
-        checkpointing="none",
-        loss="plain",
-    )
-    pure = memory_plan(
-        LLAMA2_7B,
-        precision="bf16-true",
-        optimizer="adamw",
-        shards=4,
-        micro_batch=1,
-        seq_len=4096,
-        checkpointing="none",
-        loss="plain",
-    )
+    mixed = llama2_7b_plan(shards=4, checkpointing="none", loss="plain")
+    pure = llama2_7b_plan(precision="bf16-true", shards=4, checkpointing="none", loss="plain")
     assert mixed.states == pytest.approx(16 * LLAMA2_7B_PARAMETERS / 4)
     assert pure.states == pytest.approx(mixed.states / 2)
 
 
 def test_a_model_whose_states_exceed_the_device_is_refused_naming_the_fix():
-    plan = memory_plan(
-        LLAMA2_7B,
-        precision="bf16-mixed",
-        optimizer="adamw",
-        shards=1,
-        micro_batch=1,
-        seq_len=4096,
-        checkpointing="full",
-        loss="liger",
-    )
+    plan = llama2_7b_plan()
     with pytest.raises(
         ConfigError,
         match=r"model=llama2_7b cannot fit: .* 100\.4 GiB .* than the NVIDIA H100 80GB HBM3's 79\.2 GiB; shard",
@@ -138,14 +117,9 @@ def test_tensor_and_sequence_parallelism_divide_llama2_7b_activations_as_counted
     with_sp = block_activation_bytes(LLAMA2_7B, ActivationLayout.of("bf16-mixed", True, 8, True))
     assert without == norms + whole_inputs + split / 8
     assert with_sp == norms / 8 + whole_inputs + split / 8
-    plan = memory_plan(
-        LLAMA2_7B,
-        precision="bf16-mixed",
-        optimizer="adamw",
+    plan = llama2_7b_plan(
         shards=8,
         bf16_weights=True,
-        micro_batch=1,
-        seq_len=4096,
         checkpointing="none",
         loss="plain",
         tensor_parallel=8,
