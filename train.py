@@ -12,6 +12,7 @@ of seconds, as one ``error:`` line with exit code 2 (``launch/cli.py``).
 """
 
 import shutil
+import sys
 from pathlib import Path
 
 import hydra
@@ -21,6 +22,7 @@ from omegaconf import DictConfig
 from common.errors import STALE_WEIGHTS_EXIT, StaleWeights, UserError
 from launch.cli import fail, is_rank_zero, run_cli
 from launch.from_config import read_settings
+from launch.run_folder import shared_run_folder
 from launch.run_settings import RunSettings
 from launch.sweep_jobs import SweepJob, claim_folder, report_busy, report_resume, report_skip, report_stopped
 
@@ -92,5 +94,11 @@ def remove_empty_run_folder(runs: Path) -> None:
                 break
 
 
+def main_with_shared_folder() -> None:
+    """``main``, every process of an externally launched run writing into one folder."""
+    sys.argv += shared_run_folder(sys.argv[1:])
+    main()
+
+
 if __name__ == "__main__":
-    run_cli(main)
+    run_cli(main_with_shared_folder)

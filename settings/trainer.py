@@ -4,6 +4,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from common.errors import ConfigError
+from common.external_launch import ExternalLaunch, external_launch
 from settings.run_context import RunContext
 from settings.section import Section
 from settings.typed import coerce
@@ -56,4 +57,29 @@ class TrainerSettings(Section):
             raise ConfigError(
                 f"trainer.precision={self.precision} (fp16) is not supported: use bf16-mixed on GPUs"
                 " (trainer=gpu) or 32-true."
+            )
+
+    def check_services(self, run: RunContext) -> None:
+        """Processes that torchrun or srun started must be the ones the config counts: a
+        disagreement is found here, before the process group waits for ranks that never come."""
+        launched = external_launch()
+        if launched is not None:
+            self._check_launched(launched)
+
+    def _check_launched(self, launched: ExternalLaunch) -> None:
+        devices, nodes, stated = self.spec.get("devices"), self.spec.get("num_nodes", 1), self.stated_processes()
+        per_node = launched.local_world_size
+        fix = (
+            f"set trainer.num_nodes={launched.world_size // per_node} trainer.devices={per_node} (processes per node)"
+            if per_node and launched.world_size % per_node == 0
+            else "set trainer.num_nodes and trainer.devices (processes per node) to the launch's"
+        )
+        if stated is not None and stated != launched.world_size:
+            raise ConfigError(
+                f"trainer.devices={devices} x trainer.num_nodes={nodes} is {stated} processes, but {launched.launcher}"
+                f" started {launched.world_size}: {fix}."
+            )
+        if per_node is not None and isinstance(devices, int) and devices > 0 and devices != per_node:
+            raise ConfigError(
+                f"trainer.devices={devices}, but {launched.launcher} started {per_node} processes on this node: {fix}."
             )

@@ -35,7 +35,8 @@ HYDRA_FLAGS = {"-m", "--multirun"}
 
 
 def commands() -> list[tuple[str, str]]:
-    """(where, command) for every python train.py / python scripts/ command in a bash block."""
+    """(where, command) for every python train.py / python scripts/ command in a bash block; a
+    torchrun command's train.py arguments are checked as python train.py's."""
     found = []
     for document in DOCUMENTS:
         for block in re.findall(r"```bash\n(.*?)```", document.read_text(), re.S):
@@ -44,8 +45,11 @@ def commands() -> list[tuple[str, str]]:
                     command = part.split(" #")[0].strip()
                     for name, value in PLACEHOLDERS.items():
                         command = command.replace(name, value)
+                    where = f"{document.relative_to(REPO)}: {command}"
+                    if command.startswith("torchrun ") and " train.py" in command:  # checked as train.py's
+                        command = "python train.py" + command.split(" train.py", 1)[1]
                     if command.startswith(("python train.py", "python scripts/")):
-                        found.append((f"{document.relative_to(REPO)}: {command}", command))
+                        found.append((where, command))
     return found
 
 

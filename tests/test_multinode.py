@@ -1,0 +1,173 @@
+"""Several nodes as a cluster starts them, simulated on one machine (CPU, gloo, the tiny model).
+
+torchrun: one agent per "node", the agents meeting at a c10d rendezvous on loopback, each
+starting one process; SLURM: the processes started by hand with the variables srun gives each
+task. Either way the processes take their rank and the world's size from the environment, as
+Lightning reads it, and must train as one process does (the same rows, the same losses) into
+one run folder.
+"""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from benchmarks.meta_init_memory import free_port
+from common.errors import ConfigError
+from common.external_launch import external_launch
+from launch.from_config import read_settings
+from launch.run_folder import shared_run_folder
+from tests.layout_runs import STEPS, assert_one_process_s_steps, one_process_runs, row_log
+from tests.run_helpers import REPO, TINY, compose_config
+
+ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "WANDB_MODE": "offline", "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
+#: Two nodes of one process each, FSDP2 over gloo.
+TWO_NODES = [*TINY, *STEPS, "strategy=fsdp2", "trainer.accelerator=cpu", "trainer.devices=1", "trainer.num_nodes=2"]
+TIMEOUT = 240
+
+
+@pytest.fixture(scope="module")
+def one_process(tmp_path_factory):
+    return one_process_runs(tmp_path_factory, TINY)
+
+
+def torchrun_agents(arguments: list[str], root: Path, cache: Path, run_id: str | None = "run1") -> list[tuple]:
+    """Two torchrun agents, one per node, each starting one train.py process; their exit codes
+    and output. The run folder is ``root/outputs/runs/default/torchrun-RUN_ID``."""
+    endpoint = f"127.0.0.1:{free_port()}"
+    agent = [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", "--nproc-per-node=1"]
+    agent += ["--rdzv-backend=c10d", f"--rdzv-endpoint={endpoint}", "--max-restarts=0"]
+    agent += [f"--rdzv-id={run_id}"] if run_id else []
+    command = [*agent, str(REPO / "train.py"), f"paths.root_dir={root}", f"paths.cache_dir={cache}", *arguments]
+    agents = [subprocess.Popen(command, cwd=REPO, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)]
+    agents.append(
+        subprocess.Popen(command, cwd=REPO, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    )
+    return [(agent.wait(timeout=TIMEOUT), agent.communicate()[0]) for agent in agents]
+
+
+def srun_tasks(arguments: list[str], run_dir: Path, cache: Path) -> list[tuple]:
+    """Two tasks of one SLURM job on two "nodes", started with the variables srun gives them."""
+    port = free_port()
+    tasks = []
+    for rank in range(2):
+        slurm = {
+            "SLURM_JOB_ID": "4242",
+            "SLURM_JOB_NAME": "train",
+            "SLURM_NTASKS": "2",
+            "SLURM_NTASKS_PER_NODE": "1",
+            "SLURM_TASKS_PER_NODE": "1(x2)",
+            "SLURM_NNODES": "2",
+            "SLURM_NODELIST": "localhost",
+            "SLURM_PROCID": str(rank),
+            "SLURM_LOCALID": "0",
+            "SLURM_NODEID": str(rank),
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(port),
+        }
+        command = [sys.executable, str(REPO / "train.py"), f"hydra.run.dir={run_dir}", f"paths.cache_dir={cache}"]
+        tasks.append(
+            subprocess.Popen(
+                [*command, *arguments],
+                cwd=REPO,
+                env={**ENV, **slurm},
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+            )
+        )
+    return [(task.wait(timeout=TIMEOUT), task.communicate()[0]) for task in tasks]
+
+
+def assert_all_ended(ended: list[tuple]) -> None:
+    for code, output in ended:
+        assert code == 0, output[-4000:]
+
+
+@pytest.mark.parametrize(
+    ("layout", "model_parallel"),
+    [([], 1), (["strategy.tensor_parallel_size=2", "layout.sequence_parallel=false"], 2)],
+    ids=["D2", "T2"],
+)
+def test_two_torchrun_nodes_train_as_one_process(one_process, layout, model_parallel, tmp_path, tmp_path_factory):
+    """FSDP2 over two nodes (and tensor parallelism of 2 split across them): one process's rows
+    and losses, in one run folder named for the rendezvous id, written by rank 0."""
+    cache = tmp_path_factory.getbasetemp() / "cache"
+    reference = one_process(())
+    folder = tmp_path / "outputs" / "runs" / "default" / "torchrun-run1"
+    ended = torchrun_agents([*TWO_NODES, *layout, *row_log(folder)], tmp_path, cache)
+    assert_all_ended(ended)
+    assert [path.name for path in (tmp_path / "outputs" / "runs" / "default").iterdir()] == ["torchrun-run1"]
+    assert_one_process_s_steps(folder, reference, model_parallel=model_parallel, processes=2)
+    assert len(list((folder / "checkpoints").glob("*.ckpt"))) >= 1
+
+
+def test_srun_tasks_on_two_nodes_train_as_one_process(one_process, tmp_path, tmp_path_factory):
+    cache = tmp_path_factory.getbasetemp() / "cache"
+    folder = tmp_path / "run"
+    ended = srun_tasks([*TWO_NODES, *row_log(folder)], folder, cache)
+    assert_all_ended(ended)
+    assert_one_process_s_steps(folder, one_process(()), model_parallel=1, processes=2)
+
+
+def test_torchrun_without_a_run_id_is_refused_before_the_rendezvous(tmp_path, tmp_path_factory):
+    """Each process would name its own folder: one line, exit 2, on both nodes, nothing written."""
+    ended = torchrun_agents(TWO_NODES, tmp_path, tmp_path_factory.getbasetemp() / "cache", run_id=None)
+    assert [code for code, _ in ended] == [1, 1]  # the agents report their process's exit 2
+    assert any("error: torchrun started 2 processes without a run id" in output for _, output in ended)
+    assert not (tmp_path / "outputs").exists()
+
+
+SRUN = {"SLURM_NTASKS": "8", "SLURM_PROCID": "0", "SLURM_JOB_NAME": "train", "SLURM_TASKS_PER_NODE": "4(x2)"}
+TORCHRUN = {"RANK": "0", "GROUP_RANK": "0", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "4", "WORLD_SIZE": "8"}
+
+
+@pytest.mark.parametrize(
+    ("env", "overrides", "message"),
+    [
+        (
+            TORCHRUN,
+            ["trainer.devices=4", "trainer.num_nodes=1"],
+            "trainer.devices=4 x trainer.num_nodes=1 is 4 processes, but torchrun started 8: set trainer.num_nodes=2"
+            " trainer.devices=4 (processes per node).",
+        ),
+        (
+            SRUN,
+            ["trainer.devices=2", "trainer.num_nodes=4"],
+            "trainer.devices=2, but srun started 4 processes on this node: set trainer.num_nodes=2 trainer.devices=4",
+        ),
+    ],
+)
+def test_a_config_that_disagrees_with_the_launch_is_one_line(env, overrides, message, tmp_path, monkeypatch):
+    for key in ("RANK", "SLURM_NTASKS", "SLURM_PROCID", "LOCAL_RANK", "WORLD_SIZE", "GROUP_RANK"):
+        monkeypatch.delenv(key, raising=False)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    run = [*TINY, "strategy=fsdp2", "trainer.accelerator=cpu", "batch.global_batch_size=16", *overrides]
+    settings = read_settings(compose_config(run, tmp_path))
+    with pytest.raises(ConfigError) as error:
+        settings.trainer.check_services(settings.run)
+    assert message in str(error.value)
+
+
+def test_the_launchers_are_told_apart_from_lightning_s_own_processes():
+    assert external_launch({}) is None
+    assert external_launch({"LOCAL_RANK": "1", "WORLD_SIZE": "2", "NODE_RANK": "0"}) is None  # Lightning's child
+    assert external_launch({**TORCHRUN, "TORCHELASTIC_RUN_ID": "none"}).run_id is None  # torchrun's default id
+    launched = external_launch({**SRUN, "SLURM_JOB_ID": "77"})
+    assert (launched.launcher, launched.world_size, launched.local_world_size, launched.run_id) == ("srun", 8, 4, "77")
+    assert external_launch({**SRUN, "SLURM_JOB_NAME": "bash"}) is None  # an interactive allocation's shell
+
+
+def test_every_process_of_a_launch_is_given_one_run_folder(monkeypatch):
+    for key, value in {**SRUN, "SLURM_JOB_ID": "77"}.items():
+        monkeypatch.setenv(key, value)
+    for key in TORCHRUN:
+        monkeypatch.delenv(key, raising=False)
+    assert shared_run_folder(["trainer.devices=4"]) == [
+        "hydra.run.dir=${paths.output_dir}/runs/${experiment_name}/srun-77"
+    ]
+    assert shared_run_folder(["hydra.run.dir=/shared/run"]) == []  # the user named it
+    assert shared_run_folder(["-m", "seed=1,2"]) == []  # a sweep's jobs have their own folders
