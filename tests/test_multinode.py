@@ -15,12 +15,13 @@ from pathlib import Path
 import pytest
 
 from benchmarks.meta_init_memory import free_port
+from benchmarks.row_log import rows_by_step
 from common.errors import ConfigError
 from common.external_launch import external_launch
 from launch.from_config import read_settings
 from launch.run_folder import shared_run_folder
-from tests.layout_runs import STEPS, assert_one_process_s_steps, one_process_runs, row_log
-from tests.run_helpers import REPO, TINY, compose_config
+from tests.layout_runs import STEPS, assert_one_process_s_steps, logged, one_process_runs, row_log
+from tests.run_helpers import REPO, TINY, compose_config, run_train
 
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "WANDB_MODE": "offline", "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
 #: Two nodes of one process each, FSDP2 over gloo.
@@ -104,6 +105,29 @@ def test_two_torchrun_nodes_train_as_one_process(one_process, layout, model_para
     assert len(list((folder / "checkpoints").glob("*.ckpt"))) >= 1
 
 
+def test_a_checkpoint_moves_between_two_nodes_and_one_process(one_process, tmp_path, tmp_path_factory):
+    """Elastic across nodes: a two-node run's sharded checkpoint at step 4 resumed on one
+    process, and that run's checkpoint at step 8 resumed on two nodes again: every step on
+    one process's rows, with its losses (reduction-order noise, 1e-5)."""
+    cache = tmp_path_factory.getbasetemp() / "cache"
+    every_2 = "callbacks.model_checkpoint.every_n_train_steps=2"
+    runs = tmp_path / "outputs" / "runs" / "default"
+    first = runs / "torchrun-first"
+    assert_all_ended(torchrun_agents([*TWO_NODES, every_2, *row_log(first)], tmp_path, cache, "first"))
+    middle = tmp_path / "one_process"
+    resume = [f"ckpt_path={first / 'checkpoints' / 'step000004.ckpt'}", *row_log(middle)]
+    one = [*TINY, *STEPS, "strategy=fsdp2", "trainer.accelerator=cpu", every_2, *resume]
+    assert run_train(one, middle, cache).returncode == 0
+    last = runs / "torchrun-last"
+    back = [f"ckpt_path={middle / 'checkpoints' / 'step000008.ckpt'}", *row_log(last)]
+    assert_all_ended(torchrun_agents([*TWO_NODES, *back], tmp_path, cache, "last"))
+    steps, rows = one_process(())
+    for folder, trained in ((middle, range(5, 11)), (last, range(9, 11))):
+        assert rows_by_step(folder / "rows") == {step: rows[step] for step in trained}
+        losses = {step: metrics["train/loss"] for step, metrics in logged(folder).items() if step in trained}
+        assert losses == {step: pytest.approx(steps[step]["train/loss"], rel=1e-5) for step in trained}
+
+
 def test_srun_tasks_on_two_nodes_train_as_one_process(one_process, tmp_path, tmp_path_factory):
     cache = tmp_path_factory.getbasetemp() / "cache"
     folder = tmp_path / "run"
@@ -171,3 +195,36 @@ def test_every_process_of_a_launch_is_given_one_run_folder(monkeypatch):
     ]
     assert shared_run_folder(["hydra.run.dir=/shared/run"]) == []  # the user named it
     assert shared_run_folder(["-m", "seed=1,2"]) == []  # a sweep's jobs have their own folders
+
+
+def test_the_slurm_launcher_renders_one_job_of_two_nodes_by_four_tasks(tmp_path, monkeypatch):
+    """`hydra/launcher=slurm` with trainer.num_nodes=2 and trainer.devices=4, rendered by submitit
+    into the sbatch script a cluster would receive (a stand-in `srun` on the PATH: submitit
+    refuses to build a SLURM executor without one; nothing is submitted)."""
+    pytest.importorskip("hydra_plugins.hydra_submitit_launcher")
+    import submitit
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "bin" / "srun").write_text("#!/bin/sh\n")
+    (tmp_path / "bin" / "srun").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}:{os.environ['PATH']}")
+    launch = ["-m", "hydra/launcher=slurm", "hydra.launcher.partition=gpu", "trainer=gpu", "strategy=fsdp2"]
+    overrides = [*launch[1:], "trainer.devices=4", "trainer.num_nodes=2", f"hydra.sweep.dir={tmp_path / 'sweep'}"]
+    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+        cfg = compose("train", overrides=overrides, return_hydra_config=True)
+    params = OmegaConf.to_container(cfg.hydra.launcher, resolve=False)
+    params = {key: OmegaConf.select(cfg, f"hydra.launcher.{key}") for key in params if key != "_target_"}
+    params["name"] = "train"  # ${hydra.job.name}, known only inside a run
+    # As the launcher plugin builds its executor: max_num_timeout at init, the rest as parameters.
+    executor = submitit.AutoExecutor(
+        folder=tmp_path / "sweep" / ".submitit", cluster="slurm", slurm_max_num_timeout=params.pop("max_num_timeout")
+    )
+    shared = {"timeout_min", "cpus_per_task", "gpus_per_node", "tasks_per_node", "mem_gb", "nodes", "name"}
+    del params["submitit_folder"]
+    executor.update_parameters(**{key if key in shared else f"slurm_{key}": value for key, value in params.items()})
+    script = executor._executor._make_submission_file_text("python -u -m submitit.core._submit FOLDER", "uid")
+    for line in ("--nodes=2", "--ntasks-per-node=4", "--gpus-per-node=4", "--time=240", "--partition=gpu"):
+        assert f"#SBATCH {line}\n" in script, script
+    assert "\nsrun --unbuffered" in script  # srun starts the 8 tasks; Lightning reads their SLURM variables
