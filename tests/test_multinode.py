@@ -13,9 +13,12 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from benchmarks.meta_init_memory import free_port
 from benchmarks.row_log import rows_by_step
+from benchmarks.torchft_groups import Lighthouse, fault_run, final_weights, log_of, start_group
+from callbacks.infrastructure.shared_folder import MARK
 from common.errors import ConfigError
 from common.external_launch import external_launch
 from launch.from_config import read_settings
@@ -34,18 +37,23 @@ def one_process(tmp_path_factory):
     return one_process_runs(tmp_path_factory, TINY)
 
 
-def torchrun_agents(arguments: list[str], root: Path, cache: Path, run_id: str | None = "run1") -> list[tuple]:
-    """Two torchrun agents, one per node, each starting one train.py process; their exit codes
-    and output. The run folder is ``root/outputs/runs/default/torchrun-RUN_ID``."""
+def torchrun_agents(
+    arguments: list[str], root: Path, cache: Path, run_id: str | None = "run1", per_node: tuple = ([], [])
+) -> list[tuple]:
+    """Two torchrun agents, one per node, each starting one train.py process (``per_node``: each
+    node's own extra arguments); their exit codes and output. The run folder is
+    ``root/outputs/runs/default/torchrun-RUN_ID``."""
     endpoint = f"127.0.0.1:{free_port()}"
     agent = [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", "--nproc-per-node=1"]
     agent += ["--rdzv-backend=c10d", f"--rdzv-endpoint={endpoint}", "--max-restarts=0"]
     agent += [f"--rdzv-id={run_id}"] if run_id else []
     command = [*agent, str(REPO / "train.py"), f"paths.root_dir={root}", f"paths.cache_dir={cache}", *arguments]
-    agents = [subprocess.Popen(command, cwd=REPO, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)]
-    agents.append(
-        subprocess.Popen(command, cwd=REPO, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    )
+    agents = [
+        subprocess.Popen(
+            [*command, *extra], cwd=REPO, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        )
+        for extra in per_node
+    ]
     return [(agent.wait(timeout=TIMEOUT), agent.communicate()[0]) for agent in agents]
 
 
@@ -103,6 +111,7 @@ def test_two_torchrun_nodes_train_as_one_process(one_process, layout, model_para
     assert [path.name for path in (tmp_path / "outputs" / "runs" / "default").iterdir()] == ["torchrun-run1"]
     assert_one_process_s_steps(folder, reference, model_parallel=model_parallel, processes=2)
     assert len(list((folder / "checkpoints").glob("*.ckpt"))) >= 1
+    assert not (folder / MARK).exists()  # the shared-folder check cleans up after itself
 
 
 def test_a_checkpoint_moves_between_two_nodes_and_one_process(one_process, tmp_path, tmp_path_factory):
@@ -142,6 +151,21 @@ def test_torchrun_without_a_run_id_is_refused_before_the_rendezvous(tmp_path, tm
     assert [code for code, _ in ended] == [1, 1]  # the agents report their process's exit 2
     assert any("error: torchrun started 2 processes without a run id" in output for _, output in ended)
     assert not (tmp_path / "outputs").exists()
+
+
+def test_a_run_folder_the_nodes_do_not_share_is_refused_on_every_node(tmp_path, tmp_path_factory):
+    """Each node given a folder of its own (as a node-local disk would be): one line naming the
+    ranks that do not see rank 0's folder, and every process ends with exit 2."""
+    cache = tmp_path_factory.getbasetemp() / "cache"
+    own = ([f"hydra.run.dir={tmp_path / 'node0'}"], [f"hydra.run.dir={tmp_path / 'node1'}"])
+    ended = torchrun_agents(TWO_NODES, tmp_path, cache, per_node=own)
+    assert [code for code, _ in ended] == [1, 1], [output[-3000:] for _, output in ended]
+    errors = [line for _, output in ended for line in output.splitlines() if line.startswith("error: ")]
+    assert errors == [
+        f"error: the run folder {tmp_path / 'node0'} is not shared by the nodes: rank(s) [1] do not see what rank 0"
+        " wrote there, and each rank writes its checkpoint shard into it; give hydra.run.dir a folder on a file"
+        " system every node mounts (the same path on each)."
+    ]
 
 
 SRUN = {"SLURM_NTASKS": "8", "SLURM_PROCID": "0", "SLURM_JOB_NAME": "train", "SLURM_TASKS_PER_NODE": "4(x2)"}
@@ -228,3 +252,23 @@ def test_the_slurm_launcher_renders_one_job_of_two_nodes_by_four_tasks(tmp_path,
     for line in ("--nodes=2", "--ntasks-per-node=4", "--gpus-per-node=4", "--time=240", "--partition=gpu"):
         assert f"#SBATCH {line}\n" in script, script
     assert "\nsrun --unbuffered" in script  # srun starts the 8 tasks; Lightning reads their SLURM variables
+
+
+def test_diloco_groups_on_their_own_addresses_train_one_model(tmp_path, tmp_path_factory):
+    """Fault-tolerant DiLoCo with each group on a host of its own, simulated by loopback
+    addresses: group 0 binds and advertises 127.0.0.2, group 1 127.0.0.3 (the docs' cross-host
+    setting, `technique.diloco.torchft.host`); both end on the same weights."""
+    cache = tmp_path_factory.getbasetemp() / "cache"
+    run = fault_run(2, 16)
+    with Lighthouse(min_replicas=2) as lighthouse:
+        groups = [
+            start_group(
+                lighthouse, g, tmp_path / f"g{g}", cache, [*run, f"technique.diloco.torchft.host=127.0.0.{g + 2}"]
+            )
+            for g in (0, 1)
+        ]
+        codes = [group.wait(timeout=TIMEOUT) for group in groups]
+    assert codes == [0, 0], [log_of(tmp_path / f"g{g}")[-3000:] for g in (0, 1)]
+    weights = [final_weights(tmp_path / f"g{g}" / "checkpoints" / "last.ckpt") for g in (0, 1)]
+    assert weights[0].keys() == weights[1].keys()
+    assert all(torch.equal(weights[0][key], weights[1][key]) for key in weights[0])
