@@ -114,6 +114,7 @@ def assemble(*, processes: int | None, **sections) -> RunSettings:
     trainer, techniques, batch = sections["trainer"], sections["techniques"], sections["batch"]
     run = RunContext(
         world_size=processes or trainer.stated_processes(),
+        nodes=trainer.nodes,
         strategy_name=sections["strategy"].name,
         accelerator=trainer.accelerator,
         precision=trainer.precision,

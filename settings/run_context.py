@@ -26,6 +26,8 @@ class RunContext:
     """
 
     world_size: int | None
+    #: The nodes the processes are spread over (``trainer.num_nodes``), each running as many.
+    nodes: int = 1
     #: The ``strategy`` config choice's name (``single_device``, ``ddp``, ``fsdp``, ``fsdp2``).
     strategy_name: str
     accelerator: str

@@ -84,6 +84,7 @@ class StrategySettings(Section):
             )
         self._check_tensor_parallel(run)
         self._check_pipeline_parallel(run)
+        self._check_nodes(run)
         self._check_data_parallel(run)
 
     def _check_data_parallel(self, run: RunContext) -> None:
@@ -118,6 +119,21 @@ class StrategySettings(Section):
             raise ConfigError(
                 f"strategy.tensor_parallel_size={size} does not compose with model.tie_embeddings=true (the embedding"
                 " is split by rows, the output head by columns); set model.tie_embeddings=false or the size to 1."
+            )
+
+    def _check_nodes(self, run: RunContext) -> None:
+        """A model's ranks (T x P consecutive ranks) lie within one node, or span whole nodes: a
+        group that straddles a node boundary for some models and not others is refused."""
+        group = self.tensor_parallel_size * self.pipeline_parallel_size
+        if run.nodes == 1 or group == 1 or run.world_size is None or run.world_size % run.nodes:
+            return
+        per_node = run.world_size // run.nodes
+        if group % per_node and per_node % group:
+            raise ConfigError(
+                f"strategy.tensor_parallel_size={self.tensor_parallel_size} x strategy.pipeline_parallel_size="
+                f"{self.pipeline_parallel_size} = {group} ranks per model, but each of the {run.nodes} nodes runs"
+                f" {per_node} (trainer.devices): some models would straddle two nodes; choose sizes whose product"
+                f" divides {per_node} or is a multiple of it."
             )
 
     def _check_pipeline_parallel(self, run: RunContext) -> None:

@@ -33,6 +33,11 @@ class TrainerSettings(Section):
             max_steps=coerce(spec.get("max_steps", -1), int, "trainer.max_steps"),
         )
 
+    @property
+    def nodes(self) -> int:
+        nodes = self.spec.get("num_nodes", 1)
+        return nodes if isinstance(nodes, int) and not isinstance(nodes, bool) and nodes >= 1 else 1
+
     def stated_processes(self) -> int | None:
         """Processes the run will use, when the config states it as numbers (not ``devices: auto``)."""
         devices, nodes = self.spec.get("devices"), self.spec.get("num_nodes", 1)

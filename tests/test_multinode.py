@@ -200,6 +200,20 @@ def test_a_config_that_disagrees_with_the_launch_is_one_line(env, overrides, mes
     assert message in str(error.value)
 
 
+def test_a_layout_whose_models_straddle_nodes_is_one_line(tmp_path):
+    """T = 2 over 2 nodes of 3 processes: the model on ranks 2-3 would span both nodes, the others not."""
+    run = [*TINY, "strategy=fsdp2", "trainer.accelerator=cpu", "batch.global_batch_size=12"]
+    nodes = ["trainer.num_nodes=2", "trainer.devices=3", "strategy.tensor_parallel_size=2"]
+    with pytest.raises(ConfigError) as error:
+        read_settings(compose_config([*run, *nodes], tmp_path))
+    assert str(error.value).startswith(
+        "strategy.tensor_parallel_size=2 x strategy.pipeline_parallel_size=1 = 2 ranks per model, but each of the"
+        " 2 nodes runs 3 (trainer.devices): some models would straddle two nodes"
+    )
+    across = ["trainer.num_nodes=2", "trainer.devices=1", "strategy.tensor_parallel_size=2"]  # spans whole nodes
+    read_settings(compose_config([*run, *across, "batch.global_batch_size=8"], tmp_path))
+
+
 def test_the_launchers_are_told_apart_from_lightning_s_own_processes():
     assert external_launch({}) is None
     assert external_launch({"LOCAL_RANK": "1", "WORLD_SIZE": "2", "NODE_RANK": "0"}) is None  # Lightning's child
