@@ -17,6 +17,7 @@ import torch
 
 from benchmarks.meta_init_memory import free_port
 from benchmarks.row_log import rows_by_step
+from benchmarks.tiny_run import TINY_MODEL
 from benchmarks.torchft_groups import Lighthouse, fault_run, final_weights, log_of, start_group
 from callbacks.infrastructure.shared_folder import MARK
 from common.errors import ConfigError
@@ -286,3 +287,26 @@ def test_diloco_groups_on_their_own_addresses_train_one_model(tmp_path, tmp_path
     weights = [final_weights(tmp_path / f"g{g}" / "checkpoints" / "last.ckpt") for g in (0, 1)]
     assert weights[0].keys() == weights[1].keys()
     assert all(torch.equal(weights[0][key], weights[1][key]) for key in weights[0])
+
+
+def test_a_study_runs_and_resumes_through_submitit(tmp_path, tmp_path_factory):
+    """A study's jobs submitted with submitit's local executor (the SLURM launcher's code path
+    without SLURM) finish; the same command again skips the finished one and resumes the other
+    from its checkpoint."""
+    pytest.importorskip("hydra_plugins.hydra_submitit_launcher")
+    folder = tmp_path / "study"
+    study = ["-m", "+sweep=seesaw", "hydra/launcher=submitit_local", f"hydra.sweep.dir={folder}", *TINY_MODEL]
+    study += [f"paths.cache_dir={tmp_path_factory.getbasetemp() / 'cache'}", "study.seeds=[1]", "token_budget=4096"]
+
+    def run() -> str:
+        result = subprocess.run([sys.executable, str(REPO / "train.py"), *study], cwd=REPO, env=ENV, timeout=TIMEOUT)
+        assert result.returncode == 0
+        return "".join(path.read_text() for path in sorted(folder.glob(".submitit/*/*_log.*")))
+
+    run()
+    assert (folder / "0" / "finished.yaml").is_file() and (folder / "1" / "finished.yaml").is_file()
+    (folder / "1" / "finished.yaml").unlink()  # as if job 1 had been preempted after its last checkpoint
+    logs = run()
+    assert "skipped job 0: finished in an earlier run" in logs
+    assert f"resuming job 1 from {folder / '1' / 'checkpoints' / 'last.ckpt'}" in logs
+    assert (folder / "1" / "finished.yaml").is_file()
