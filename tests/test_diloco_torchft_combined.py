@@ -63,14 +63,19 @@ def test_a_second_process_of_a_live_group_is_refused_alone_and_the_run_goes_on(t
     )
 
 
-def test_a_restarted_lighthouse_is_found_again_and_a_lost_one_is_named(tmp_path, tmp_path_factory) -> None:
+def test_a_restarted_lighthouse_is_found_again(tmp_path, tmp_path_factory) -> None:
     """The lighthouse killed (SIGKILL) mid-run and started again on its port 5 s later: the groups,
     whose quorum requests it forgot, ask again and train on to the end (before: they never asked
-    again and stopped blaming too few groups). Killed for good, the groups say it was lost."""
+    again and stopped blaming too few groups)."""
     cache = tmp_path_factory.getbasetemp() / "cache"
     ended = lighthouse_restart(tmp_path / "restart", cache, groups_run(2), replicas=2)
     assert_ended_right(ended, {"0": 0, "1": 0})
     assert "asking the lighthouse again" in log_of(ended.folders["0"])
+
+
+def test_a_lighthouse_lost_for_good_is_named(tmp_path, tmp_path_factory) -> None:
+    """The lighthouse killed for good: the groups say it was lost (not that groups are missing)."""
+    cache = tmp_path_factory.getbasetemp() / "cache"
     short = [*groups_run(2), "technique.diloco.torchft.quorum_timeout_s=25"]
     lost = lighthouse_lost(tmp_path / "lost", cache, short, replicas=2)
     assert_ended_right(lost, {"0": 2, "1": 2})
