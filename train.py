@@ -19,7 +19,7 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
-from common.errors import STALE_WEIGHTS_EXIT, StaleWeights, UserError
+from common.errors import PEER_LOST_EXIT, STALE_WEIGHTS_EXIT, PeerLost, StaleWeights, UserError
 from launch.cli import fail, is_rank_zero, run_cli
 from launch.from_config import read_settings
 from launch.run_folder import shared_run_folder
@@ -61,6 +61,8 @@ def main(cfg: DictConfig) -> float | None:
         fail(str(error))
     except StaleWeights as error:  # trained to the end, on weights that are not the run's
         fail(str(error), STALE_WEIGHTS_EXIT)
+    except PeerLost as error:  # every node left says so: rank 0 may be the one that is gone
+        fail(str(error), PEER_LOST_EXIT, every_node=True)
 
 
 def train_and_report(settings: RunSettings, job: SweepJob | None = None) -> float | None:

@@ -1,5 +1,6 @@
 """Instantiate the pieces of a run from its checked settings: data, model, callbacks, loggers, trainer."""
 
+from datetime import timedelta
 from typing import Any
 
 import lightning as L
@@ -108,14 +109,15 @@ def close_loggers(loggers: list[Logger]) -> None:
 
 
 def build_strategy(settings: RunSettings) -> Strategy | str:
-    """The configured strategy; FSDP2's data-parallel size defaults to every process the
-    tensor-parallel groups leave."""
+    """The configured strategy, its collectives bounded by ``collective_timeout_s``; FSDP2's
+    data-parallel size defaults to every process the tensor-parallel groups leave."""
     spec = settings.strategy.lightning_spec()
     if "_target_" not in spec:
         return spec["name"]
+    given = {"timeout": timedelta(seconds=settings.job.collective_timeout_s)}
     if "data_parallel_size" in spec and spec["data_parallel_size"] is None:
-        return instantiate(spec, data_parallel_size=settings.run.world_size // settings.run.tensor_parallel_size)
-    return instantiate(spec)
+        given["data_parallel_size"] = settings.run.world_size // settings.run.tensor_parallel_size
+    return instantiate(spec, **given)
 
 
 def build_trainer(settings: RunSettings, loggers: list[Logger], callbacks: list[L.Callback]) -> L.Trainer:

@@ -102,9 +102,10 @@ def closest_key(key: str, arguments: list[str]) -> str | None:
     return ".".join(parts)
 
 
-def fail(message: str, code: int = 2) -> None:
-    """Print one line on rank 0 and exit with ``code`` (a user mistake's: 2) on every rank."""
-    if is_rank_zero():
+def fail(message: str, code: int = 2, every_node: bool = False) -> None:
+    """Print one line on rank 0 (``every_node``: on each node's first process) and exit with
+    ``code`` (a user mistake's: 2) on every rank."""
+    if is_rank_zero() or (every_node and os.environ.get("LOCAL_RANK", os.environ.get("SLURM_LOCALID", "0")) == "0"):
         print(f"error: {message}", file=sys.stderr, flush=True)
     sys.exit(code)
 

@@ -11,9 +11,10 @@ from dataclasses import dataclass
 import lightning as L
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
-from common.errors import StaleWeights
+from common.errors import PeerLost, StaleWeights
 from launch.builders import build_callbacks, build_datamodule, build_loggers, build_module, build_trainer, close_loggers
 from launch.console import quiet_console
+from launch.peer_loss import is_lost_peer, lost_peer_message
 from launch.resume import check_resume
 from launch.run_settings import RunSettings
 
@@ -62,6 +63,12 @@ def train(settings: RunSettings) -> RunResult:
     except SIGTERMException:
         stopped = True
         log.info("stopped by SIGTERM after saving a checkpoint")
+    except Exception as error:
+        if not is_lost_peer(error):
+            raise
+        checkpoint = getattr(trainer.checkpoint_callback, "last_model_path", "")
+        step = module.training_state.clock.steps
+        raise PeerLost(lost_peer_message(error, step, checkpoint, settings.job.collective_timeout_s)) from None
     finally:
         close_loggers(loggers)
     metrics = {key: float(value) for key, value in trainer.callback_metrics.items()}

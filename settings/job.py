@@ -13,13 +13,14 @@ SHARDED_CHECKPOINTS = ("fsdp", "fsdp2")
 
 @dataclass(frozen=True, kw_only=True)
 class JobSettings(Section):
-    """``seed``, ``token_budget``, ``ckpt_path``, ``init_from_hf``, ``experiment_name`` and
-    ``experiment_note`` (documented where their defaults live, ``conf/train.yaml``)."""
+    """``seed``, ``token_budget``, ``collective_timeout_s``, ``ckpt_path``, ``init_from_hf``,
+    ``experiment_name`` and ``experiment_note`` (documented where their defaults live, ``conf/train.yaml``)."""
 
     key = ""
 
     seed: int
     token_budget: int | None
+    collective_timeout_s: float
     ckpt_path: str | None
     init_from_hf: str | None
     experiment_name: str
@@ -29,6 +30,11 @@ class JobSettings(Section):
         if self.token_budget is not None and self.token_budget <= 0:
             raise ConfigError(
                 f"token_budget={self.token_budget} must be > 0 (or null to train until trainer.max_steps)."
+            )
+        if not self.collective_timeout_s > 0:
+            raise ConfigError(
+                f"collective_timeout_s={self.collective_timeout_s} must be > 0: the seconds a process waits in a"
+                " collective for its peers before the run ends."
             )
         if self.token_budget is None and run.max_steps < 0:
             raise ConfigError("set token_budget or trainer.max_steps: with neither, training would never stop.")

@@ -310,3 +310,57 @@ def test_a_study_runs_and_resumes_through_submitit(tmp_path, tmp_path_factory):
     assert "skipped job 0: finished in an earlier run" in logs
     assert f"resuming job 1 from {folder / '1' / 'checkpoints' / 'last.ckpt'}" in logs
     assert (folder / "1" / "finished.yaml").is_file()
+
+
+@pytest.mark.parametrize(
+    ("signal_to_node_1", "because"), [("SIGKILL", "closed its connection"), ("SIGSTOP", "did not answer")]
+)
+def test_a_node_lost_mid_run_ends_the_other_in_one_line(signal_to_node_1, because, tmp_path, tmp_path_factory):
+    """Node 1 killed (its sockets close) or frozen (silence) mid-run: node 0, which hosts the
+    rendezvous as node 0 does on a cluster, ends within collective_timeout_s with one line
+    naming the lost peer and exit code 4, not a traceback and not a hang."""
+    import signal
+    import time
+
+    timeout_s = 10
+    endpoint = f"127.0.0.1:{free_port()}"
+    paced = ["+callbacks.pace._target_=benchmarks.pace.Pace", "+callbacks.pace.seconds=0.2"]
+    arguments = [*TWO_NODES, "trainer.max_steps=500", "callbacks.progress_bar.line_interval_s=1", *paced]
+    arguments += [f"collective_timeout_s={timeout_s}", f"paths.root_dir={tmp_path}"]
+    arguments += [f"paths.cache_dir={tmp_path_factory.getbasetemp() / 'cache'}"]
+    agents, logs = [], [tmp_path / "node0.log", tmp_path / "node1.log"]
+    for node, log in enumerate(logs):
+        agent = [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", "--nproc-per-node=1", "--max-restarts=0"]
+        agent += ["--rdzv-backend=c10d", f"--rdzv-endpoint={endpoint}", f"--rdzv-conf=is_host={int(node == 0)}"]
+        command = [*agent, "--rdzv-id=lost", str(REPO / "train.py"), *arguments]
+        agents.append(subprocess.Popen(command, cwd=REPO, env=ENV, stdout=log.open("w"), stderr=subprocess.STDOUT))
+    try:
+        deadline = time.monotonic() + TIMEOUT
+        while "| loss=" not in logs[0].read_text() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        node_1 = [
+            agents[1].pid,
+            *map(
+                int, subprocess.run(["pgrep", "-P", str(agents[1].pid)], capture_output=True, text=True).stdout.split()
+            ),
+        ]
+        for pid in node_1:
+            os.kill(pid, getattr(signal, signal_to_node_1))
+        lost_at = time.monotonic()
+        agents[0].wait(timeout=timeout_s + 30)
+        ended_after = time.monotonic() - lost_at
+    finally:
+        for agent in agents:
+            subprocess.run(["pkill", "-9", "-P", str(agent.pid)])
+            agent.kill()
+    output = logs[0].read_text()
+    errors = [line for line in output.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and because in errors[0], output[-3000:]
+    assert errors[0].startswith("error: rank 0 of 2 (node 0) lost a peer at step ")
+    assert "exitcode  : 4" in output and "[rank0]: Traceback" not in output
+    assert ended_after < timeout_s + 15
+
+
+def test_a_collective_timeout_that_is_not_positive_is_one_line(tmp_path):
+    with pytest.raises(ConfigError, match=r"^collective_timeout_s=0.0 must be > 0"):
+        read_settings(compose_config([*TINY, "collective_timeout_s=0"], tmp_path))
