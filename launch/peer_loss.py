@@ -8,34 +8,36 @@ launcher's report after it) would bury what happened: which rank noticed, at whi
 where the run resumes from.
 """
 
-import os
-
+import lightning as L
 import torch.distributed as dist
 
-#: What gloo says (lower-cased) when a peer's connection closed (killed, crashed) or did not
-#: answer in time ("Timed out waiting ... for recv", "Application timeout caused pair closure").
-CLOSED = ("connection closed by peer", "connection reset by peer", "broken pipe")
-TIMED_OUT = ("timed out", "timeout")
+#: What gloo's collectives say when a peer's connection closed (killed, crashed) ...
+CLOSED = ("Connection closed by peer", "Connection reset by peer")
+#: ... or when it did not answer within the process group's timeout.
+TIMED_OUT = ("Timed out waiting", "Application timeout caused pair closure")
 
 
-def is_lost_peer(error: BaseException) -> bool:
-    """Whether a collective failed because a peer is gone, as opposed to a bug in this process."""
+def is_lost_peer(error: BaseException, trainer: L.Trainer) -> bool:
+    """Whether a collective of a distributed run failed because a peer is gone, as opposed to
+    a bug in this process (whose traceback is kept)."""
+    if trainer.world_size == 1:
+        return False
     if isinstance(error, dist.DistError):
         return True
-    return isinstance(error, RuntimeError) and any(sign in str(error).lower() for sign in CLOSED + TIMED_OUT)
+    return isinstance(error, RuntimeError) and any(sign in str(error) for sign in CLOSED + TIMED_OUT)
 
 
-def lost_peer_message(error: BaseException, step: int, checkpoint: str, timeout_s: float) -> str:
+def lost_peer_message(error: BaseException, trainer: L.Trainer, step: int, timeout_s: float) -> str:
     """The line a process that is left prints: who noticed, why, and how the run continues."""
-    rank, world = os.environ.get("RANK", "?"), os.environ.get("WORLD_SIZE", "?")
-    node = os.environ.get("GROUP_RANK", os.environ.get("SLURM_NODEID", os.environ.get("NODE_RANK", "0")))
-    if any(sign in str(error).lower() for sign in CLOSED):
+    if any(sign in str(error) for sign in CLOSED):
         why = "a peer process closed its connection (killed, crashed, or its node went down)"
     else:
         why = f"a peer did not answer within collective_timeout_s={timeout_s:g} (frozen, unreachable, or that slow)"
+    checkpoint = getattr(trainer.checkpoint_callback, "last_model_path", "")
     resume = (
         f"resume with ckpt_path={checkpoint} once every node is back"
         if checkpoint
         else "no checkpoint was written yet: start the run again once every node is back"
     )
-    return f"rank {rank} of {world} (node {node}) lost a peer at step {step}: {why}; {resume}."
+    where = f"rank {trainer.global_rank} of {trainer.world_size} (node {trainer.node_rank})"
+    return f"{where} lost a peer at step {step}: {why}; {resume}."

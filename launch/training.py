@@ -64,11 +64,10 @@ def train(settings: RunSettings) -> RunResult:
         stopped = True
         log.info("stopped by SIGTERM after saving a checkpoint")
     except Exception as error:
-        if not is_lost_peer(error):
+        if not is_lost_peer(error, trainer):
             raise
-        checkpoint = getattr(trainer.checkpoint_callback, "last_model_path", "")
         step = module.training_state.clock.steps
-        raise PeerLost(lost_peer_message(error, step, checkpoint, settings.job.collective_timeout_s)) from None
+        raise PeerLost(lost_peer_message(error, trainer, step, settings.job.collective_timeout_s)) from None
     finally:
         close_loggers(loggers)
     metrics = {key: float(value) for key, value in trainer.callback_metrics.items()}

@@ -8,8 +8,10 @@ one run folder.
 """
 
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -38,6 +40,15 @@ def one_process(tmp_path_factory):
     return one_process_runs(tmp_path_factory, TINY)
 
 
+def agent_command(endpoint: str, node: int, run_id: str | None, root: Path, cache: Path, arguments: list[str]) -> list:
+    """One node's torchrun agent starting one train.py process; node 0 hosts the rendezvous
+    store, as the node a cluster's endpoint names does."""
+    agent = [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", "--nproc-per-node=1", "--max-restarts=0"]
+    agent += ["--rdzv-backend=c10d", f"--rdzv-endpoint={endpoint}", f"--rdzv-conf=is_host={int(node == 0)}"]
+    agent += [f"--rdzv-id={run_id}"] if run_id else []
+    return [*agent, str(REPO / "train.py"), f"paths.root_dir={root}", f"paths.cache_dir={cache}", *arguments]
+
+
 def torchrun_agents(
     arguments: list[str], root: Path, cache: Path, run_id: str | None = "run1", per_node: tuple = ([], [])
 ) -> list[tuple]:
@@ -45,15 +56,16 @@ def torchrun_agents(
     node's own extra arguments); their exit codes and output. The run folder is
     ``root/outputs/runs/default/torchrun-RUN_ID``."""
     endpoint = f"127.0.0.1:{free_port()}"
-    agent = [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", "--nproc-per-node=1"]
-    agent += ["--rdzv-backend=c10d", f"--rdzv-endpoint={endpoint}", "--max-restarts=0"]
-    agent += [f"--rdzv-id={run_id}"] if run_id else []
-    command = [*agent, str(REPO / "train.py"), f"paths.root_dir={root}", f"paths.cache_dir={cache}", *arguments]
     agents = [
         subprocess.Popen(
-            [*command, *extra], cwd=REPO, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+            agent_command(endpoint, node, run_id, root, cache, [*arguments, *extra]),
+            cwd=REPO,
+            env=ENV,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
         )
-        for extra in per_node
+        for node, extra in enumerate(per_node)
     ]
     return [(agent.wait(timeout=TIMEOUT), agent.communicate()[0]) for agent in agents]
 
@@ -319,32 +331,28 @@ def test_a_node_lost_mid_run_ends_the_other_in_one_line(signal_to_node_1, becaus
     """Node 1 killed (its sockets close) or frozen (silence) mid-run: node 0, which hosts the
     rendezvous as node 0 does on a cluster, ends within collective_timeout_s with one line
     naming the lost peer and exit code 4, not a traceback and not a hang."""
-    import signal
-    import time
-
     timeout_s = 10
-    endpoint = f"127.0.0.1:{free_port()}"
+    endpoint, cache = f"127.0.0.1:{free_port()}", tmp_path_factory.getbasetemp() / "cache"
     paced = ["+callbacks.pace._target_=benchmarks.pace.Pace", "+callbacks.pace.seconds=0.2"]
     arguments = [*TWO_NODES, "trainer.max_steps=500", "callbacks.progress_bar.line_interval_s=1", *paced]
-    arguments += [f"collective_timeout_s={timeout_s}", f"paths.root_dir={tmp_path}"]
-    arguments += [f"paths.cache_dir={tmp_path_factory.getbasetemp() / 'cache'}"]
-    agents, logs = [], [tmp_path / "node0.log", tmp_path / "node1.log"]
-    for node, log in enumerate(logs):
-        agent = [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", "--nproc-per-node=1", "--max-restarts=0"]
-        agent += ["--rdzv-backend=c10d", f"--rdzv-endpoint={endpoint}", f"--rdzv-conf=is_host={int(node == 0)}"]
-        command = [*agent, "--rdzv-id=lost", str(REPO / "train.py"), *arguments]
-        agents.append(subprocess.Popen(command, cwd=REPO, env=ENV, stdout=log.open("w"), stderr=subprocess.STDOUT))
+    arguments += [f"collective_timeout_s={timeout_s}"]
+    logs = [tmp_path / "node0.log", tmp_path / "node1.log"]
+    agents = [
+        subprocess.Popen(
+            agent_command(endpoint, node, "lost", tmp_path, cache, arguments),
+            cwd=REPO,
+            env=ENV,
+            stdout=log.open("w"),
+            stderr=subprocess.STDOUT,
+        )
+        for node, log in enumerate(logs)
+    ]
     try:
         deadline = time.monotonic() + TIMEOUT
         while "| loss=" not in logs[0].read_text() and time.monotonic() < deadline:
             time.sleep(0.2)
-        node_1 = [
-            agents[1].pid,
-            *map(
-                int, subprocess.run(["pgrep", "-P", str(agents[1].pid)], capture_output=True, text=True).stdout.split()
-            ),
-        ]
-        for pid in node_1:
+        children = subprocess.run(["pgrep", "-P", str(agents[1].pid)], capture_output=True, text=True).stdout
+        for pid in [agents[1].pid, *map(int, children.split())]:  # node 1: its agent and its process
             os.kill(pid, getattr(signal, signal_to_node_1))
         lost_at = time.monotonic()
         agents[0].wait(timeout=timeout_s + 30)
