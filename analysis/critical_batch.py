@@ -221,14 +221,23 @@ def plot_points(points: list[BranchPoint], eta: float, path: Path) -> None:
         kept = [(t, statistics.fmean(v)) for t, v in zip(tokens, values) if v]
         if kept:
             axis.plot(*zip(*kept), "s--", color=color, label=label)
-    batches = sorted({batch for point in points for batch in point.losses})
-    axis.axhspan(batches[0], batches[-1], color="grey", alpha=0.08, label=f"branch grid {batches[0]}-{batches[-1]}")
-    axis.set(
-        xlabel="tokens at the branch point",
+    save_plot(
+        figure,
+        axis,
+        points,
+        path,
         ylabel="batch (sequences)",
-        yscale="log",
         title="Critical batch, measured by branching, against the noise-scale estimates",
     )
+
+
+def save_plot(figure, axis, points: list[BranchPoint], path: Path, **labels: str) -> None:
+    """The branch grid's batches shaded (a critical batch at its edge is censored by it), the
+    token axis labelled, the legend drawn; saved to ``path`` and closed."""
+    batches = sorted({batch for point in points for batch in point.losses})
+    if batches:
+        axis.axhspan(batches[0], batches[-1], color="grey", alpha=0.08, label=f"branch grid {batches[0]}-{batches[-1]}")
+    axis.set(xlabel="tokens at the branch point", yscale="log", **labels)
     axis.legend(fontsize="small")
     figure.savefig(path, dpi=120, bbox_inches="tight")
     plt.close(figure)
@@ -251,19 +260,16 @@ def plot_by_size(points_by_size: dict[int, list[BranchPoint]], path: Path) -> No
             color=color,
             label=f"N = {n_params / 1e6:.2f}M (geometric mean over seeds)",
         )
-    batches = sorted({batch for points in points_by_size.values() for point in points for batch in point.losses})
-    if batches:
-        axis.axhspan(batches[0], batches[-1], color="grey", alpha=0.08, label=f"branch grid {batches[0]}-{batches[-1]}")
-    axis.set(
+    every_point = [point for points in points_by_size.values() for point in points]
+    save_plot(
+        figure,
+        axis,
+        every_point,
+        path,
         xscale="log",
-        yscale="log",
-        xlabel="tokens at the branch point",
         ylabel="critical batch (sequences)",
         title="Critical batch against tokens, per model size",
     )
-    axis.legend(fontsize="small")
-    figure.savefig(path, dpi=120, bbox_inches="tight")
-    plt.close(figure)
 
 
 @dataclass(frozen=True)

@@ -75,34 +75,40 @@ class Lighthouse:
 
     def __init__(self, min_replicas: int, join_timeout_ms: int = 1000, heartbeat_timeout_ms: int = 1000) -> None:
         self.address = f"http://127.0.0.1:{free_port()}"
-        bind = self.address.removeprefix("http://")
-        command = [
+        self.command = [
             LIGHTHOUSE,
             "--min_replicas",
             str(min_replicas),
             "--bind",
-            bind,
+            self.address.removeprefix("http://"),
             "--join_timeout_ms",
             str(join_timeout_ms),
             "--heartbeat_timeout_ms",
             str(heartbeat_timeout_ms),
         ]
-        self.process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.start()
+
+    def start(self) -> None:
+        """Start it on its address (again, after ``stop``) and wait until it accepts connections."""
+        self.process = subprocess.Popen(self.command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:
             try:
-                socket.create_connection(("127.0.0.1", int(bind.rsplit(":", 1)[1])), timeout=1).close()
+                socket.create_connection(("127.0.0.1", int(self.address.rsplit(":", 1)[1])), timeout=1).close()
                 return
             except OSError:
                 time.sleep(0.1)
         raise RuntimeError("the lighthouse did not start")
 
+    def stop(self) -> None:
+        self.process.kill()
+        self.process.wait()
+
     def __enter__(self) -> "Lighthouse":
         return self
 
     def __exit__(self, *_) -> None:
-        self.process.kill()
-        self.process.wait()
+        self.stop()
 
 
 def start_group(

@@ -19,12 +19,12 @@ them, ``scripts/benchmark_diloco_chaos.py`` prints them all.
 import signal
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from benchmarks.torchft_groups import (
-    LIGHTHOUSE,
     Lighthouse,
     ending_problems,
     final_weights,
@@ -112,17 +112,32 @@ def wait_for(path: Path, timeout: float = CHECKPOINT_WAIT_S) -> None:
         raise RuntimeError(f"{path} was not written within {timeout} s")
 
 
-def checkpoint_at(groups: Groups, name: str, step: int) -> Path:
-    return groups.folders[name] / "checkpoints" / f"step{step:06d}.ckpt"
+@contextmanager
+def started(
+    folder: Path,
+    cache: Path,
+    run: list[str],
+    replicas: int,
+    pace_s: float,
+    mid_run: tuple[str, int] | None = None,
+    first: int | None = None,
+) -> Iterator[Groups]:
+    """A lighthouse that forms quorums of a majority of ``replicas``, with the ``first`` groups
+    (all by default) started on it; with ``mid_run`` (a group's name, a step), once that group's
+    checkpoint of that step is written, the sign that the run is under way."""
+    with Lighthouse(min_replicas=replicas // 2 + 1) as lighthouse:
+        groups = Groups(folder, cache, run, pace_s, lighthouse)
+        for g in range(replicas if first is None else first):
+            groups.start(str(g), g)
+        if mid_run is not None:
+            name, step = mid_run
+            wait_for(groups.folders[name] / "checkpoints" / f"step{step:06d}.ckpt")
+        yield groups
 
 
 def two_down_one_fresh(folder: Path, cache: Path, run: list[str], replicas: int, at_step: int = 16) -> Ended:
     """Groups 1 and 2 killed at once after ``at_step``, started 3 s later: 1 from its checkpoint, 2 with none."""
-    with Lighthouse(min_replicas=replicas // 2 + 1) as lighthouse:
-        groups = Groups(folder, cache, run, 0.25, lighthouse)
-        for g in range(replicas):
-            groups.start(str(g), g)
-        wait_for(checkpoint_at(groups, "1", at_step))
+    with started(folder, cache, run, replicas, 0.25, ("1", at_step)) as groups:
         groups.kill("1")
         groups.kill("2")
         time.sleep(3)
@@ -135,11 +150,7 @@ def kill_at_sync(folder: Path, cache: Path, run: list[str], replicas: int, at_st
     """Group 1 killed as soon as its log shows it asking for a sync's quorum after ``at_step``
     (torchft's ``Start quorum``: the others are then gathering for the same round), then
     started again from its checkpoint."""
-    with Lighthouse(min_replicas=replicas // 2 + 1) as lighthouse:
-        groups = Groups(folder, cache, run, 0.25, lighthouse)
-        for g in range(replicas):
-            groups.start(str(g), g)
-        wait_for(checkpoint_at(groups, "1", at_step))
+    with started(folder, cache, run, replicas, 0.25, ("1", at_step)) as groups:
         log = groups.folders["1"].parent / "group1.log"
         asked, deadline = log.read_text().count(QUORUM_ASKED), time.monotonic() + CHECKPOINT_WAIT_S
         while log.read_text().count(QUORUM_ASKED) == asked and time.monotonic() < deadline:
@@ -151,49 +162,30 @@ def kill_at_sync(folder: Path, cache: Path, run: list[str], replicas: int, at_st
 
 def second_process(folder: Path, cache: Path, run: list[str], replicas: int, at_step: int = 16) -> Ended:
     """A second process as group 1 started after ``at_step``."""
-    with Lighthouse(min_replicas=replicas // 2 + 1) as lighthouse:
-        groups = Groups(folder, cache, run, 0.3, lighthouse)
-        for g in range(replicas):
-            groups.start(str(g), g)
-        wait_for(checkpoint_at(groups, "1", at_step))
+    with started(folder, cache, run, replicas, 0.3, ("1", at_step)) as groups:
         groups.start("1_again", 1)
         return groups.end("a second process of a live group index")
 
 
 def lighthouse_restart(folder: Path, cache: Path, run: list[str], replicas: int, at_step: int = 8) -> Ended:
     """The lighthouse killed after ``at_step`` and started on its port 5 s later."""
-    lighthouse = Lighthouse(min_replicas=replicas // 2 + 1)
-    with lighthouse:
-        groups = Groups(folder, cache, run, 0.3, lighthouse)
-        for g in range(replicas):
-            groups.start(str(g), g)
-        wait_for(checkpoint_at(groups, "0", at_step))
-        lighthouse.process.kill()
-        lighthouse.process.wait()
+    with started(folder, cache, run, replicas, 0.3, ("0", at_step)) as groups:
+        groups.lighthouse.stop()
         time.sleep(5)
-        bind = lighthouse.address.removeprefix("http://")
-        command = [LIGHTHOUSE, "--min_replicas", str(replicas // 2 + 1), "--bind", bind, "--join_timeout_ms", "1000"]
-        lighthouse.process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        groups.lighthouse.start()
         return groups.end("the lighthouse killed and back on its port")
 
 
 def lighthouse_lost(folder: Path, cache: Path, run: list[str], replicas: int, at_step: int = 8) -> Ended:
     """The lighthouse killed after ``at_step`` for good."""
-    with Lighthouse(min_replicas=replicas // 2 + 1) as lighthouse:
-        groups = Groups(folder, cache, run, 0.3, lighthouse)
-        for g in range(replicas):
-            groups.start(str(g), g)
-        wait_for(checkpoint_at(groups, "0", at_step))
-        lighthouse.process.kill()
+    with started(folder, cache, run, replicas, 0.3, ("0", at_step)) as groups:
+        groups.lighthouse.stop()
         return groups.end("the lighthouse lost")
 
 
 def straggler_at_the_end(folder: Path, cache: Path, run: list[str], replicas: int, steps: int) -> Ended:
     """The last group ten times slower (1 s a step) from four rounds (H = 4) before the end."""
-    with Lighthouse(min_replicas=replicas // 2 + 1) as lighthouse:
-        groups = Groups(folder, cache, run, 0.1, lighthouse)
-        for g in range(replicas - 1):
-            groups.start(str(g), g)
+    with started(folder, cache, run, replicas, 0.1, first=replicas - 1) as groups:
         slow = ["+callbacks.pace.seconds=1.0", f"+callbacks.pace.from_step={max(steps - 16, 0)}"]
         groups.pace = ["+callbacks.pace._target_=benchmarks.pace.Pace"]
         groups.start(str(replicas - 1), replicas - 1, *slow)

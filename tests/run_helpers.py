@@ -91,6 +91,29 @@ def run_sweep(study: list[str], folder: Path, cache_dir: Path, *extra: str) -> s
     return run_train([*study, f"hydra.sweep.dir={folder}", *extra], folder.parent / "unused", cache_dir)
 
 
+def tiny_study(preset: str, *, searched: tuple[str, ...] = ("optimizer.lr=", "token_budget=")) -> list[str]:
+    """A study preset of tests/configs on the tiny settings, 1,536 tokens a job and a checkpoint
+    every 2 steps; the tiny settings the preset sets itself (``searched``) are left out, since
+    the command line would win over them."""
+    return [
+        "hydra.mode=MULTIRUN",
+        f"hydra.searchpath=[file://{REPO / 'tests' / 'configs'}]",
+        f"+sweep={preset}",
+        *(o for o in TINY if not o.startswith(searched)),
+        "token_budget=1536",
+        "callbacks.model_checkpoint.every_n_train_steps=2",
+    ]
+
+
+def finished_study(study: list[str], tmp_path_factory, name: str) -> tuple[Path, Path, subprocess.CompletedProcess]:
+    """A study run to its end (a module fixture's, whose tests read its jobs): its sweep folder,
+    the session's data cache and the command's result."""
+    folder, cache = tmp_path_factory.mktemp(name) / "sweep", tmp_path_factory.getbasetemp() / "cache"
+    result = run_sweep(study, folder, cache)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return folder, cache, result
+
+
 def checkpoint_weights(path: Path) -> dict[str, torch.Tensor]:
     """Model weights of a single-file Lightning checkpoint."""
     state = torch.load(path, map_location="cpu", weights_only=False)["state_dict"]

@@ -567,17 +567,9 @@ def test_prepare_data_script_builds_the_cache_a_run_then_reuses(tmp_path):
     built = run_script(script, data_args)
     assert built.returncode == 0, built.stderr[-2000:]
     (cache,) = (tmp_path / "cache").glob("*/meta.json")
-    module = TextDataModule(
-        source={"kind": "files", "paths": [str(tmp_path / "a.txt")], "sample_by": "paragraph", "text_field": "text"},
-        tokenizer={"kind": "byte"},
-        seq_len=16,
-        micro_batch_size=1,
-        val_fraction=0.005,
-        val_max_rows=512,
-        shuffle=True,
-        seed=1234,
-        cache_dir=str(tmp_path / "cache"),
-    )
+    source = {"kind": "files", "paths": [str(tmp_path / "a.txt")], "sample_by": "paragraph", "text_field": "text"}
+    # The run's split and seed; the row length and micro-batch are not in the cache's fingerprint.
+    module = datamodule(tmp_path, source, val_fraction=0.005, val_max_rows=512, seed=1234)
     assert module.fingerprint == cache.parent.name and module.fingerprint in built.stdout
     wrong = run_script(script, ["data.source.kindd=files"])
     assert (wrong.returncode, wrong.stderr.strip()) == (

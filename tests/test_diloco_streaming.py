@@ -34,6 +34,13 @@ def initial_weights() -> list[torch.Tensor]:
     return [torch.randn(shape, generator=generator, dtype=torch.float64) for shape in SHAPES]
 
 
+def inner_step(weights: list[list[torch.Tensor]], step: int) -> None:
+    """Every replica's inner step: the same scripted update in the engine and the references."""
+    for replica, replica_weights in enumerate(weights):
+        for index, weight in enumerate(replica_weights):
+            weight.add_(inner_update(step, replica, index, weight.shape))
+
+
 def run_engine(
     replicas: int,
     steps: int,
@@ -51,9 +58,7 @@ def run_engine(
         weights, fragments, outer, sync_every, delay, alpha, "none", None, norm=lambda indices, deltas: torch.zeros(())
     )
     for step in range(1, steps + 1):
-        for replica, replica_weights in enumerate(weights):
-            for index, weight in enumerate(replica_weights):
-                weight.add_(inner_update(step, replica, index, weight.shape))
+        inner_step(weights, step)
         sync.after_global_step(step)
     return weights
 
@@ -63,9 +68,7 @@ def classic_reference(replicas: int, steps: int, sync_every: int, lr: float = 0.
     weights = [[w.clone() for w in initial_weights()] for _ in range(replicas)]
     anchor, buffer = [w.clone() for w in initial_weights()], None
     for step in range(1, steps + 1):
-        for replica, replica_weights in enumerate(weights):
-            for index, weight in enumerate(replica_weights):
-                weight.add_(inner_update(step, replica, index, weight.shape))
+        inner_step(weights, step)
         if step % sync_every:
             continue
         delta = [sum(anchor[i] - w[i] for w in weights) / replicas for i in range(len(anchor))]
@@ -95,9 +98,7 @@ def streaming_reference(
     pending: list[tuple[int, int, list[torch.Tensor]]] = []  # (arrives after step, fragment, mean delta)
     offsets = [(p + 1) * sync_every // len(groups) % sync_every for p in range(len(groups))]
     for step in range(1, steps + 1):
-        for replica, replica_weights in enumerate(weights):
-            for index, weight in enumerate(replica_weights):
-                weight.add_(inner_update(step, replica, index, weight.shape))
+        inner_step(weights, step)
         for p, offset in enumerate(offsets):
             if step % sync_every == offset:
                 pending.append(

@@ -11,17 +11,9 @@ import yaml
 
 from analysis.runs import load_run
 from study.report import study_report
-from tests.run_helpers import REPO, TINY, run_sweep
+from tests.run_helpers import finished_study, run_sweep, tiny_study
 
-SETTINGS = [o for o in TINY if not o.startswith(("optimizer.lr=", "token_budget="))]
-STUDY = [
-    "hydra.mode=MULTIRUN",
-    f"hydra.searchpath=[file://{REPO / 'tests' / 'configs'}]",
-    "+sweep=tiny_joint",
-    *SETTINGS,
-    "token_budget=1536",
-    "callbacks.model_checkpoint.every_n_train_steps=2",
-]
+STUDY = tiny_study("tiny_joint")
 
 
 sweep = partial(run_sweep, STUDY)
@@ -36,10 +28,7 @@ def jobs(folder: Path) -> list[tuple[str, str, int, float]]:
 
 @pytest.fixture(scope="module")
 def study(tmp_path_factory) -> tuple[Path, Path]:
-    folder, cache = tmp_path_factory.mktemp("joint") / "sweep", tmp_path_factory.getbasetemp() / "cache"
-    result = sweep(folder, cache)
-    assert result.returncode == 0, result.stderr[-3000:]
-    return folder, cache
+    return finished_study(STUDY, tmp_path_factory, "joint")[:2]
 
 
 def test_the_anchor_runs_first_and_the_budget_is_spent_before_judging(study) -> None:

@@ -22,7 +22,7 @@ from study.archive import machine_of
 from study.preset import StudySpec
 from study.report import every_size_trends, study_report
 from study.trend import TrendPoint, judge_trend, slope
-from tests.run_helpers import REPO, TINY, compose_config, run_script, run_train
+from tests.run_helpers import REPO, compose_config, run_script, run_train, tiny_study
 
 SIZES = ["ladder_0_1m", "ladder_0_3m", "ladder_0_65m", "ladder_1_2m", "ladder_2_1m"]
 
@@ -229,15 +229,7 @@ def test_a_size_whose_heads_do_not_divide_its_width_is_one_line(tmp_path: Path) 
     assert line.startswith("error: ") and "n_heads" in line
 
 
-HELD_OUT = [
-    "hydra.mode=MULTIRUN",
-    f"hydra.searchpath=[file://{REPO / 'tests' / 'configs'}]",
-    "+sweep=tiny_tuned",
-    "study.arm=tuned",
-    *(o for o in TINY if not o.startswith(("model.", "optimizer.lr=", "token_budget="))),
-    "token_budget=1536",
-    "callbacks.model_checkpoint.every_n_train_steps=2",
-]
+HELD_OUT = [*tiny_study("tiny_tuned", searched=("model.", "optimizer.lr=", "token_budget=")), "study.arm=tuned"]
 
 
 def test_a_held_out_size_is_not_searched_and_its_prediction_is_written_before_it_trains(tmp_path: Path) -> None:

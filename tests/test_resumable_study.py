@@ -18,17 +18,11 @@ import yaml
 from analysis.runs import load_run
 from launch.sweep_jobs import LOCK, SweepJob
 from study.report import study_report
-from tests.run_helpers import REPO, TINY, run_sweep, run_train
+from tests.run_helpers import REPO, TINY, finished_study, run_sweep, run_train, tiny_study
 
-# The arms set optimizer.lr, and the command line would win over them: TINY's own LR is left out.
-ARMS_SET = [o for o in TINY if not o.startswith("optimizer.lr=")]
+# The arms set optimizer.lr: TINY's own LR is left out.
 STUDY = [
-    "hydra.mode=MULTIRUN",
-    f"hydra.searchpath=[file://{REPO / 'tests' / 'configs'}]",
-    "+sweep=tiny_study",
-    *ARMS_SET,
-    "token_budget=1536",
-    "callbacks.model_checkpoint.every_n_train_steps=2",
+    *tiny_study("tiny_study", searched=("optimizer.lr=",)),
     "callbacks.validation_schedule.every_n_steps=3",
     "callbacks.progress_bar.line_interval_s=0.01",
 ]
@@ -43,10 +37,7 @@ def finished(job: Path) -> dict:
 
 @pytest.fixture(scope="module")
 def study(tmp_path_factory) -> tuple[Path, Path, subprocess.CompletedProcess]:
-    folder, cache = tmp_path_factory.mktemp("study") / "sweep", tmp_path_factory.getbasetemp() / "cache"
-    result = sweep(folder, cache)
-    assert result.returncode == 0, result.stderr[-3000:]
-    return folder, cache, result
+    return finished_study(STUDY, tmp_path_factory, "study")
 
 
 def test_arms_times_seeds_run_as_numbered_jobs(study) -> None:

@@ -15,17 +15,9 @@ import yaml
 
 from analysis.runs import load_run
 from study.report import study_report, write_report
-from tests.run_helpers import REPO, TINY, run_script, run_sweep, run_train
+from tests.run_helpers import REPO, finished_study, run_script, run_sweep, run_train, tiny_study
 
-SETTINGS = [o for o in TINY if not o.startswith(("optimizer.lr=", "token_budget="))]
-STUDY = [
-    "hydra.mode=MULTIRUN",
-    f"hydra.searchpath=[file://{REPO / 'tests' / 'configs'}]",
-    "+sweep=tiny_tuned",
-    *SETTINGS,
-    "token_budget=1536",
-    "callbacks.model_checkpoint.every_n_train_steps=2",
-]
+STUDY = tiny_study("tiny_tuned")
 
 
 sweep = partial(run_sweep, STUDY)
@@ -37,10 +29,7 @@ def val_loss(job: Path) -> float:
 
 @pytest.fixture(scope="module")
 def study(tmp_path_factory) -> tuple[Path, Path]:
-    folder, cache = tmp_path_factory.mktemp("tuned") / "sweep", tmp_path_factory.getbasetemp() / "cache"
-    result = sweep(folder, cache)
-    assert result.returncode == 0, result.stderr[-3000:]
-    return folder, cache
+    return finished_study(STUDY, tmp_path_factory, "tuned")[:2]
 
 
 def test_the_search_extends_past_the_edge_then_judges_the_winner_on_other_seeds(study) -> None:

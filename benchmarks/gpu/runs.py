@@ -5,6 +5,7 @@ import sys
 import time
 import traceback
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 import torch._dynamo
@@ -32,6 +33,11 @@ class RunResult:
     @property
     def ok(self) -> bool:
         return self.status == "ok"
+
+    def measured(self) -> dict[str, Any]:
+        """What a throughput table's row shows of the run (the tables' TOKENS, MFU, PEAK, STATUS columns and HFU)."""
+        keys = ("tokens_per_sec", "mfu", "hfu", "peak_memory_gb", "status")
+        return {key: getattr(self, key) for key in keys}
 
     def summary(self) -> str:
         if not self.ok or self.tokens_per_sec is None:

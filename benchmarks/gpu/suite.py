@@ -59,6 +59,19 @@ class Suite:
         length = seq_len or self.plan.seq_len
         return [*self.plan.base, *cache, *peak, f"model={model}", f"data.seq_len={length}", *extra]
 
+    def work_layout(self, model: str, *extra: str, micro_batch: int = 0, compile_mode: str = "") -> list[str]:
+        """The layout of the technique, overhead and float8-loss runs (``Plan.work_*``): no
+        checkpointing, the plan's work micro-batch, compile and kernels unless given."""
+        plan = self.plan
+        return self.overrides(
+            model,
+            f"batch.micro_batch_size={micro_batch or plan.work_micro_batch}",
+            f"layout.compile={compile_mode or plan.work_compile}",
+            "layout.activation_checkpointing=none",
+            *plan.work_kernels,
+            *extra,
+        )
+
     def run(
         self,
         label: str,

@@ -49,6 +49,19 @@ TOKENS, MFU = Column("tokens_per_sec", "tokens/s", rate), Column("mfu", "MFU", p
 PEAK, STATUS = Column("peak_memory_gb", "peak GB", lambda v: f"{v:.1f}"), Column("status", "status")
 
 
+def lever_columns(ratio: str, *measures: Column) -> list[Column]:
+    """A table of levers: each row's layout, tokens/s, their ratio against the reference row
+    (``ratio`` heads it), MFU, ``measures``, peak memory and how the run ended."""
+    return [Column("variant", "layout"), TOKENS, Column("ratio", ratio, decimals), MFU, *measures, PEAK, STATUS]
+
+
+def loss_columns(*measures: Column) -> list[Column]:
+    """A loss comparison's columns: what is checked, on which model, over how many steps, the
+    largest per-step difference, ``measures`` (the tolerance among them), the verdict."""
+    steps, largest = Column("steps", "steps compared"), Column("max_abs_diff", "max abs diff", scientific)
+    return [Column("check", "check"), Column("model", "model"), steps, largest, *measures, Column("result", "result")]
+
+
 def add_ratios(rows: list[dict[str, Any]]) -> None:
     """Each measured row's tokens/s as a ratio against the first row that measured any."""
     measured = [row for row in rows if row.get("tokens_per_sec") is not None]

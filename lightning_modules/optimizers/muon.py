@@ -183,16 +183,10 @@ def muon_with_adamw(settings: "MuonSettings", model: nn.Module, fused: bool) -> 
     hidden = hidden_matrices(model)
     muon_ids = {id(p) for p in hidden}
     rest = [p for p in trainable(model) if id(p) not in muon_ids]
-    muon = Muon(
-        [{"params": hidden, "name": "muon"}],
-        lr=settings.lr,
-        weight_decay=settings.weight_decay,
-        momentum=settings.momentum,
-        nesterov=settings.nesterov,
-        ns_steps=settings.ns_steps,
-        adjust_lr_fn=settings.adjust_lr_fn,
-        ns_dtype=settings.iteration_dtype(hidden),
-    )
+    # Muon's arguments are named as the settings are.
+    same_names = ("lr", "weight_decay", "momentum", "nesterov", "ns_steps", "adjust_lr_fn")
+    arguments = {name: getattr(settings, name) for name in same_names}
+    muon = Muon([{"params": hidden, "name": "muon"}], **arguments, ns_dtype=settings.iteration_dtype(hidden))
     decayed, gains = decay_groups(rest, model, settings.weight_decay)
     fused = fused and all(p.device.type == "cuda" for p in rest)
     adamw = torch.optim.AdamW(

@@ -8,7 +8,7 @@ import torch
 from benchmarks.gpu.plan import Plan
 from benchmarks.gpu.sections.correctness import loss_differences
 from benchmarks.gpu.suite import Suite
-from benchmarks.gpu.tables import MFU, PEAK, STATUS, TOKENS, Column, Table, add_ratios, decimals, percent, scientific
+from benchmarks.gpu.tables import Column, Table, add_ratios, lever_columns, loss_columns, percent, scientific
 from lightning_modules.flops import float8_peak_flops, peak_flops
 
 # Float8 against bf16: the mean |difference| of the per-step losses over the last quarter of
@@ -17,24 +17,11 @@ from lightning_modules.flops import float8_peak_flops, peak_flops
 FLOAT8_LOSS_TOLERANCE = 2e-2
 FLOAT8_THROUGHPUT_GOAL = 1.2  # tokens/s against bf16 (OLMo-core's 1B: 1.18x)
 
-FLOAT8_COLUMNS = [
-    Column("variant", "layout"),
-    TOKENS,
-    Column("ratio", "vs bf16", decimals),
-    MFU,
-    Column("float8_peak_share", "of the float8 peak", percent),
-    PEAK,
-    STATUS,
-]
-LOSS_COLUMNS = [
-    Column("check", "check"),
-    Column("model", "model"),
-    Column("steps", "steps compared"),
-    Column("max_abs_diff", "max abs diff", scientific),
+FLOAT8_COLUMNS = lever_columns("vs bf16", Column("float8_peak_share", "of the float8 peak", percent))
+LOSS_COLUMNS = loss_columns(
     Column("tail_mean_abs_diff", "mean abs diff, last quarter", scientific),
     Column("tolerance", "tolerance (last quarter)", scientific),
-    Column("result", "result"),
-]
+)
 
 
 def float8_variants(plan: Plan) -> list[tuple[str, list[str]]]:
@@ -77,17 +64,8 @@ def float8(suite: Suite) -> Table:
     rows: list[dict[str, Any]] = []
     for label, overrides in float8_variants(plan):
         run = suite.run(f"float8: {label}", [*base, *overrides], args.steps, args.warmup)
-        rows.append(
-            {
-                "variant": label,
-                "model": plan.model,
-                "tokens_per_sec": run.tokens_per_sec,
-                "mfu": run.mfu,
-                "float8_peak_share": float8_peak_share(plan, run.mfu),
-                "peak_memory_gb": run.peak_memory_gb,
-                "status": run.status,
-            }
-        )
+        share = float8_peak_share(plan, run.mfu)
+        rows.append({"variant": label, "model": plan.model, **run.measured(), "float8_peak_share": share})
     add_ratios(rows)
     for row in rows[1:]:
         if row.get("ratio") is not None and rows[0].get("tokens_per_sec") is not None:
@@ -109,14 +87,11 @@ def float8_losses(suite: Suite) -> Table:
     same seed and data at the correctness LR, compiled as float8 is meant to run."""
     plan = suite.plan
     batch, steps = plan.correctness_batch, plan.float8_loss_steps
-    bf16 = suite.overrides(
+    bf16 = suite.work_layout(
         plan.correctness_model,
         f"batch.global_batch_size={batch}",
-        f"batch.micro_batch_size={batch}",
-        f"layout.compile={plan.work_compile}",
-        "layout.activation_checkpointing=none",
-        *plan.work_kernels,
         f"optimizer.lr={plan.correctness_lr}",
+        micro_batch=batch,
     )
     reference = suite.run("float8 losses: bf16", bf16, steps, 0, every_step=True)
     compared = [("bf16 against the same bf16 run again", bf16, 1)]

@@ -41,11 +41,7 @@ def layout_row(suite: Suite, model: str, micro: int, checkpointing: str, compile
         "activation_checkpointing": checkpointing,
         "compile": compile_mode,
         "kernels": plan.kernels_label,
-        "tokens_per_sec": run.tokens_per_sec,
-        "mfu": run.mfu,
-        "hfu": run.hfu,
-        "peak_memory_gb": run.peak_memory_gb,
-        "status": run.status,
+        **run.measured(),
     }
 
 

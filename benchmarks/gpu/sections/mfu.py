@@ -2,17 +2,9 @@
 
 from benchmarks.gpu.plan import Plan
 from benchmarks.gpu.suite import Suite
-from benchmarks.gpu.tables import MFU, PEAK, STATUS, TOKENS, Column, Table, add_ratios, decimals, mark_best, percent
+from benchmarks.gpu.tables import Column, Table, add_ratios, lever_columns, mark_best, percent
 
-MFU_COLUMNS = [
-    Column("variant", "layout"),
-    TOKENS,
-    Column("ratio", "vs first row", decimals),
-    MFU,
-    Column("hfu", "HFU", percent),
-    PEAK,
-    STATUS,
-]
+MFU_COLUMNS = lever_columns("vs first row", Column("hfu", "HFU", percent))
 
 
 def mfu_variants(plan: Plan) -> list[tuple[str, list[str]]]:
@@ -62,17 +54,7 @@ def mfu(suite: Suite) -> Table:
     rows = []
     for label, overrides in mfu_variants(plan):
         run = suite.run(f"mfu: {label}", [*base, *overrides], args.steps, args.warmup)
-        rows.append(
-            {
-                "variant": label,
-                "model": plan.model,
-                "tokens_per_sec": run.tokens_per_sec,
-                "mfu": run.mfu,
-                "hfu": run.hfu,
-                "peak_memory_gb": run.peak_memory_gb,
-                "status": run.status,
-            }
-        )
+        rows.append({"variant": label, "model": plan.model, **run.measured()})
     add_ratios(rows)
     mark_best(rows, 0)
     return Table("mfu", MFU_COLUMNS, rows)

@@ -121,13 +121,7 @@ def norm_test(suite: Suite) -> Table:
     # compiled, reading the statistics at the tested step's end and a step later; eager, profiled
     variants = ((plan.work_compile, False, False), (plan.work_compile, False, True), ("none", True, False))
     for compile_mode, profiled, read_next_step in variants:
-        work = suite.overrides(
-            plan.model,
-            f"batch.micro_batch_size={micro}",
-            f"layout.compile={compile_mode}",
-            "layout.activation_checkpointing=none",
-            *plan.work_kernels,
-        )
+        work = suite.work_layout(plan.model, micro_batch=micro, compile_mode=compile_mode)
         constant = [*work, "+experiment=constant_bs", f"batch.global_batch_size={batch}"]
         tested = [*work, "+experiment=adaptive_bs", f"batch.global_batch_size={batch}", *NEVER_GROWS]
         if read_next_step:

@@ -18,14 +18,7 @@ OVERHEAD_COLUMNS = [
 def overhead(suite: Suite) -> Table:
     """The same model, kernels, data and batch through train.py's pieces and a plain loop."""
     plan, args = suite.plan, suite.args
-    overrides = suite.overrides(
-        plan.model,
-        f"batch.global_batch_size={plan.global_batch}",
-        f"batch.micro_batch_size={plan.work_micro_batch}",
-        f"layout.compile={plan.work_compile}",
-        "layout.activation_checkpointing=none",
-        *plan.work_kernels,
-    )
+    overrides = suite.work_layout(plan.model, f"batch.global_batch_size={plan.global_batch}")
     framework = suite.run("framework loop", overrides, args.steps, args.warmup)
     plain = suite.run("plain PyTorch loop", overrides, args.steps, args.warmup, loop="plain")
     row = {

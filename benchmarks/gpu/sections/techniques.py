@@ -87,13 +87,7 @@ def techniques(suite: Suite) -> Table:
     which together give its overhead at the experiment's H."""
     plan, args = suite.plan, suite.args
     batch, micro, sync_every = plan.global_batch, plan.work_micro_batch, max(1, args.steps // 2)
-    work = suite.overrides(
-        plan.model,
-        f"batch.micro_batch_size={micro}",
-        f"layout.compile={plan.work_compile}",
-        "layout.activation_checkpointing=none",
-        *plan.work_kernels,
-    )
+    work = suite.work_layout(plan.model)
     constant = [*work, "+experiment=constant_bs", f"batch.global_batch_size={batch}"]
     graphs_path = Path(args.out) / "dynamo_graph_counts.json"
     graphs_path.parent.mkdir(parents=True, exist_ok=True)
