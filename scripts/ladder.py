@@ -210,9 +210,10 @@ def setting_laws_of(runs: list, spec: StudySpec, found: list) -> dict[str, list[
     return laws
 
 
-def save(figure, axis, path: Path) -> None:
-    """Write and close a figure; a legend only where something is drawn (a study still
-    searching has no judged run to plot)."""
+def save(figure, axis, path: Path, **labels: str) -> None:
+    """Label a figure against model size (log N) and write and close it; a legend only where
+    something is drawn (a study still searching has no judged run to plot)."""
+    axis.set(xscale="log", xlabel="parameters N", **labels)
     if axis.get_legend_handles_labels()[0]:
         axis.legend(fontsize="small")
     figure.savefig(path, dpi=120, bbox_inches="tight")
@@ -252,16 +253,10 @@ def plot_settings(laws: dict[str, list[SettingLaw]], held_out, out: Path) -> lis
                 axis.plot(grid, fitted, "--", color=line.get_color())
             for size, value in held:
                 axis.plot([size], [value], "x", color=line.get_color(), markersize=10)
-        axis.set(
-            xscale="log",
-            yscale="log" if numeric else "linear",
-            xlabel="parameters N",
-            ylabel=key,
-            title=f"best {key.split('.')[-1]} against N: winners (ringed: at the range's limit),\n"
-            "law (dashed), held-out size (x)",
-        )
-        path = out / f"ladder_{key.split('.')[-1]}.png"
-        save(figure, axis, path)
+        name = key.split(".")[-1]
+        path = out / f"ladder_{name}.png"
+        title = f"best {name} against N: winners (ringed: at the range's limit),\nlaw (dashed), held-out size (x)"
+        save(figure, axis, path, yscale="log" if numeric else "linear", ylabel=key, title=title)
         paths.append(path)
     return paths
 
@@ -292,13 +287,8 @@ def plot_loss(found, predictions: list[Prediction], path: Path) -> None:
                 capsize=5,
                 markersize=10,
             )
-    axis.set(
-        xscale="log",
-        xlabel="parameters N",
-        ylabel="final val/loss (nats/token)",
-        title="loss against model size: fits on the smaller sizes (dashed), held-out prediction (x)",
-    )
-    save(figure, axis, path)
+    title = "loss against model size: fits on the smaller sizes (dashed), held-out prediction (x)"
+    save(figure, axis, path, ylabel="final val/loss (nats/token)", title=title)
 
 
 def not_tuned(tunings: dict) -> set[tuple[str, str]]:
@@ -368,13 +358,8 @@ def plot_gap(found, path: Path, untuned: set[tuple[str, str]] = frozenset()) -> 
                 style = {"markerfacecolor": "none"} if hollow else {}
                 axis.plot(xs, ys, "o", color=color, alpha=0.6, label=label, **style)
     axis.axhline(0, color="black", linewidth=0.8)
-    axis.set(
-        xscale="log",
-        xlabel="parameters N",
-        ylabel="loss - data parallelism's (nats/token)",
-        title="DiLoCo's excess loss over data parallelism, per size and seed",
-    )
-    save(figure, axis, path)
+    title = "DiLoCo's excess loss over data parallelism, per size and seed"
+    save(figure, axis, path, ylabel="loss - data parallelism's (nats/token)", title=title)
 
 
 def main(argv: list[str] | None = None) -> int:

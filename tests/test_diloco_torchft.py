@@ -18,7 +18,7 @@ import pytest
 import torch
 from torch.distributed import TCPStore
 
-from benchmarks.torchft_groups import Lighthouse, free_port, last_own_line, log_of, metric, start_group
+from benchmarks.torchft_groups import REJOINED, Lighthouse, free_port, last_own_line, log_of, metric, start_group
 from callbacks.diloco import settings as diloco_settings
 from callbacks.diloco.torchft_group import group_store
 from common.errors import ConfigError
@@ -120,6 +120,8 @@ def test_without_a_failure_the_groups_take_the_same_steps_as_real_replicas(tmp_p
 
 def test_a_killed_group_leaves_the_other_training_and_a_restarted_one_rejoins(tmp_path, tmp_path_factory) -> None:
     cache = tmp_path_factory.getbasetemp() / "cache"
+    marker = tmp_path / "pace"
+    marker.touch()
     # 120 global steps of 4 sequences x 32 tokens: the token budget, summed over the groups.
     # min_groups=1: a lone survivor commits its rounds (the default, a majority of M = 2, would
     # discard them until its peer is back).
@@ -133,7 +135,9 @@ def test_a_killed_group_leaves_the_other_training_and_a_restarted_one_rejoins(tm
         # and Lightning imports): 0.15 s a step (14 s) did not on a loaded AVX2 machine, which
         # rejoined only at the final sync; 0.4 s a step leaves it 38 s (there, beside two
         # training processes, the restarted group rejoined at step 72, about 19 s after the kill).
+        # Once the restarted group has rejoined, the pace ends: the rest of the run is in step.
         "+callbacks.pace.seconds=0.4",
+        f"+callbacks.pace.while_exists={marker}",
     ]
     with Lighthouse(min_replicas=1) as lighthouse:
         survivor = group(lighthouse, 0, tmp_path / "group0", cache, *run)
@@ -146,10 +150,15 @@ def test_a_killed_group_leaves_the_other_training_and_a_restarted_one_rejoins(tm
         victim.send_signal(signal.SIGKILL)  # at step 24 or a few steps into round 4
         victim.wait()
         restarted = group(lighthouse, 1, tmp_path / "group1_restarted", cache, *run)
+        deadline = time.monotonic() + 120
+        while REJOINED not in log_of(tmp_path / "group1_restarted") and restarted.poll() is None:
+            assert time.monotonic() < deadline, log_of(tmp_path / "group1_restarted")[-3000:]
+            time.sleep(0.2)
+        marker.unlink()
         logs = [finish(survivor), finish(restarted)]
     for process, log in zip((survivor, restarted), logs):
         assert process.returncode == 0, log[-3000:]
-    assert "rejoined the DiLoCo replica groups at global step" in logs[1]
+    assert f"{REJOINED} at global step" in logs[1]
     present = metric(tmp_path / "group0", "diloco/groups")
     assert 1.0 in present and present[-1] == 2.0  # the survivor's rounds alone, then both again
     # Both reach the token budget and end on the same weights (the final sync averages them).

@@ -8,10 +8,15 @@ preset selects it (``override /hydra/sweeper: study``) and declares ``study.arms
 overrides stops the sweep before any job starts. A tuned study runs in rounds
 (``study/tuned_sweep.py``). This module only connects them to Hydra: it reads the preset
 from the composed config, composes a job's config, and launches jobs.
+
+Hydra imports every plugin module in every run, a plain one too, as it scans for plugins: the
+study package (scipy, optuna: about half a second) is imported only when a study runs.
 """
 
+from __future__ import annotations
+
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from hydra.core.override_parser.overrides_parser import OverridesParser
@@ -19,9 +24,8 @@ from hydra.core.override_parser.types import Override
 from hydra.core.utils import JobReturn
 from omegaconf import OmegaConf
 
-from study.jobs import refuse_other_runs, study_jobs
-from study.preset import StudySpec
-from study.tuned_sweep import check_arms, run_tuned_study
+if TYPE_CHECKING:
+    from study.preset import StudySpec
 
 
 class StudySweeper(BasicSweeper):
@@ -32,9 +36,14 @@ class StudySweeper(BasicSweeper):
         super().__init__(max_batch_size=max_batch_size, params=params)
 
     def _spec(self) -> StudySpec:
+        from study.preset import StudySpec
+
         return StudySpec.from_config(OmegaConf.to_container(self.config.get("study"), resolve=True))
 
     def split_arguments(self, overrides: list[Override], max_batch_size: int | None) -> list[list[list[str]]]:
+        from study.jobs import refuse_other_runs, study_jobs
+        from study.tuned_sweep import check_arms
+
         spec = self._spec()
         base = [job for batch in BasicSweeper.split_arguments(overrides, None) for job in batch]
         check_arms(spec, self)
@@ -47,6 +56,8 @@ class StudySweeper(BasicSweeper):
         spec = self._spec()
         if not spec.tuned:
             return super().sweep(arguments)
+        from study.tuned_sweep import run_tuned_study
+
         sweep_dir = Path(self.config.hydra.sweep.dir)
         return run_tuned_study(spec, self._base_jobs(arguments), sweep_dir, self, self._launch, self._save_config)
 
