@@ -10,6 +10,17 @@ from settings.section import Section
 from settings.typed import coerce
 
 FP16_PRECISIONS = ("16-mixed", "16", "16-true")
+# Lightning's precisions this framework trains with (YAML's ``precision: 32`` reads as "32").
+PRECISIONS = ("32-true", "bf16-mixed", "bf16-true", "64-true", "32", "bf16", "64")
+ACCELERATORS = ("auto", "cpu", "gpu", "cuda", "mps")
+# Lightning's loop counters: the smallest value each takes, and what it means there.
+COUNTERS = {
+    "max_steps": (-1, "-1 stops at the token budget only"),
+    "max_epochs": (-1, "-1 for no epoch limit"),
+    "num_sanity_val_steps": (-1, "-1 checks every validation batch, 0 none"),
+    "log_every_n_steps": (1, "it counts optimizer steps between logged rows"),
+    "num_nodes": (1, "it counts the machines the run spans"),
+}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -23,28 +34,29 @@ class TrainerSettings(Section):
     accelerator: str
     precision: str
     max_steps: int
+    nodes: int
 
     @classmethod
     def from_spec(cls, spec: dict[str, Any]) -> "TrainerSettings":
+        """The keys the rest of the run reads, and every counter Lightning would otherwise reject
+        with a traceback (or divide by) once the run folder exists, checked here."""
+        counters = {name: _counter(spec, name, *bound) for name, bound in COUNTERS.items()}
+        _check_devices(spec.get("devices", "auto"), str(spec.get("accelerator", "auto")))
         return cls(
             spec=spec,
-            accelerator=str(spec.get("accelerator", "auto")),
+            accelerator=_choice(spec, "accelerator", "auto", ACCELERATORS),
             precision=str(spec.get("precision")),
-            max_steps=coerce(spec.get("max_steps", -1), int, "trainer.max_steps"),
+            max_steps=counters["max_steps"],
+            nodes=counters["num_nodes"],
         )
-
-    @property
-    def nodes(self) -> int:
-        nodes = self.spec.get("num_nodes", 1)
-        return nodes if isinstance(nodes, int) and not isinstance(nodes, bool) and nodes >= 1 else 1
 
     def stated_processes(self) -> int | None:
         """Processes the run will use, when the config states it as numbers (not ``devices: auto``)."""
-        devices, nodes = self.spec.get("devices"), self.spec.get("num_nodes", 1)
-        if isinstance(nodes, int) and isinstance(devices, int) and devices > 0:
-            return devices * nodes
-        if isinstance(nodes, int) and isinstance(devices, (list, tuple)):
-            return len(devices) * nodes
+        devices = self.spec.get("devices")
+        if isinstance(devices, int) and devices > 0:
+            return devices * self.nodes
+        if isinstance(devices, (list, tuple)):
+            return len(devices) * self.nodes
         return None
 
     def processes(self) -> int:
@@ -55,13 +67,23 @@ class TrainerSettings(Section):
         if stated is not None:
             return stated
         gpus = torch.cuda.device_count() if self.accelerator in ("auto", "gpu", "cuda") else 0
-        return max(gpus, 1) * self.spec.get("num_nodes", 1)
+        if gpus == 0 and self.spec.get("devices") == -1:
+            raise ConfigError(
+                "trainer.devices=-1 means all of a node's GPUs, and this machine has none: give the processes"
+                " per node (trainer.devices=1)."
+            )
+        return max(gpus, 1) * self.nodes
 
     def check(self, run: RunContext) -> None:
         if self.precision in FP16_PRECISIONS:
             raise ConfigError(
                 f"trainer.precision={self.precision} (fp16) is not supported: use bf16-mixed on GPUs"
                 " (trainer=gpu) or 32-true."
+            )
+        if self.precision not in PRECISIONS:
+            raise ConfigError(
+                f"trainer.precision={self.precision} is not a precision this framework trains with; choose one of"
+                f" {', '.join(PRECISIONS[:4])} (bf16-mixed on GPUs: trainer=gpu)."
             )
 
     def check_services(self, run: RunContext) -> None:
@@ -72,7 +94,7 @@ class TrainerSettings(Section):
             self._check_launched(launched)
 
     def _check_launched(self, launched: ExternalLaunch) -> None:
-        devices, nodes, stated = self.spec.get("devices"), self.spec.get("num_nodes", 1), self.stated_processes()
+        devices, nodes, stated = self.spec.get("devices"), self.nodes, self.stated_processes()
         per_node = launched.local_world_size
         fix = (
             f"set trainer.num_nodes={launched.world_size // per_node} trainer.devices={per_node} (processes per node)"
@@ -88,3 +110,33 @@ class TrainerSettings(Section):
             raise ConfigError(
                 f"trainer.devices={devices}, but {launched.launcher} started {per_node} processes on this node: {fix}."
             )
+
+
+def _counter(spec: dict[str, Any], name: str, least: int, meaning: str) -> int:
+    value = coerce(spec.get(name, least), int, f"trainer.{name}")
+    if value < least:
+        raise ConfigError(f"trainer.{name}={value} must be at least {least} ({meaning}).")
+    return value
+
+
+def _choice(spec: dict[str, Any], name: str, default: str, choices: tuple[str, ...]) -> str:
+    value = str(spec.get(name, default))
+    if value not in choices:
+        raise ConfigError(f"trainer.{name}={value} is not supported; choose one of {', '.join(choices)}.")
+    return value
+
+
+def _check_devices(devices: Any, accelerator: str) -> None:
+    """Lightning's forms: a count, -1 or ``auto`` (all of a node's GPUs), or a list of device
+    indices; a CPU run counts its processes, so -1 means nothing there."""
+    indices = isinstance(devices, (list, tuple)) and devices and all(_is_int(i) and i >= 0 for i in devices)
+    count = _is_int(devices) and (devices >= 1 or (devices == -1 and accelerator != "cpu"))
+    if not (indices or count or devices == "auto"):
+        raise ConfigError(
+            f"trainer.devices={devices} is not a device count: give the processes per node (trainer.devices=2),"
+            " auto or -1 for all of a node's GPUs, or a list of GPU indices ([0,1])."
+        )
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)

@@ -71,6 +71,13 @@ def error_lines(stderr: str) -> list[str]:
             "multiples of 16, but model.mlp_hidden=88; choose such a model or set layout.float8=none.",
         ),
         (["layout.float8_emulate=true"], "layout.float8_emulate=true has no effect with layout.float8=none"),
+        # Lightning's own counters: each ended in its traceback (or a division by zero) in a run folder.
+        (["trainer.max_steps=-5"], "trainer.max_steps=-5 must be at least -1 (-1 stops at the token budget only)."),
+        (["trainer.log_every_n_steps=0"], "trainer.log_every_n_steps=0 must be at least 1"),
+        (["trainer.num_nodes=0"], "trainer.num_nodes=0 must be at least 1"),
+        (["trainer.devices=0"], "trainer.devices=0 is not a device count: give the processes per node"),
+        (["trainer.precision=bogus"], "trainer.precision=bogus is not a precision this framework trains with"),
+        (["trainer.accelerator=tpu"], "trainer.accelerator=tpu is not supported; choose one of auto, cpu,"),
     ],
 )
 def test_setting_mistakes_are_one_line_before_any_work(overrides, message, tmp_path):
