@@ -40,11 +40,13 @@ def one_process(tmp_path_factory):
     return one_process_runs(tmp_path_factory, TINY)
 
 
-def agent_command(endpoint: str, node: int, run_id: str | None, root: Path, cache: Path, arguments: list[str]) -> list:
+def agent_command(
+    endpoint: str, node: int, run_id: str | None, root: Path, cache: Path, arguments: list[str], conf: str = ""
+) -> list:
     """One node's torchrun agent starting one train.py process; node 0 hosts the rendezvous
-    store, as the node a cluster's endpoint names does."""
+    store, as the node a cluster's endpoint names does (``conf``: more ``--rdzv-conf`` keys)."""
     agent = [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", "--nproc-per-node=1", "--max-restarts=0"]
-    agent += ["--rdzv-backend=c10d", f"--rdzv-endpoint={endpoint}", f"--rdzv-conf=is_host={int(node == 0)}"]
+    agent += ["--rdzv-backend=c10d", f"--rdzv-endpoint={endpoint}", f"--rdzv-conf=is_host={int(node == 0)}{conf}"]
     agent += [f"--rdzv-id={run_id}"] if run_id else []
     return [*agent, str(REPO / "train.py"), f"paths.root_dir={root}", f"paths.cache_dir={cache}", *arguments]
 
@@ -367,6 +369,28 @@ def test_a_node_lost_mid_run_ends_the_other_in_one_line(signal_to_node_1, becaus
     assert errors[0].startswith("error: rank 0 of 2 (node 0) lost a peer at step ")
     assert "exitcode  : 4" in output and "[rank0]: Traceback" not in output
     assert ended_after < timeout_s + 15
+
+
+def test_an_endpoint_nobody_listens_on_ends_within_its_read_timeout(tmp_path, tmp_path_factory):
+    """torchrun's agent, not this framework, meets it, before any process starts: the documented
+    limit is its traceback, whose last line names the endpoint, within read_timeout, not a hang."""
+    port, read_timeout = free_port(), 3
+    command = agent_command(
+        f"127.0.0.1:{port}",
+        1,
+        "nobody",
+        tmp_path,
+        tmp_path_factory.getbasetemp() / "cache",
+        TWO_NODES,
+        conf=f",read_timeout={read_timeout}",
+    )
+    started = time.monotonic()
+    result = subprocess.run(command, cwd=REPO, env=ENV, capture_output=True, text=True, timeout=TIMEOUT)
+    ended_after = time.monotonic() - started
+    named = f"DistNetworkError: The client socket has timed out after {read_timeout}000ms while trying to connect to"
+    assert result.returncode == 1 and f"{named} (127.0.0.1, {port})" in result.stderr, result.stderr[-3000:]
+    assert "RendezvousConnectionError" in result.stderr.strip().splitlines()[-1]
+    assert ended_after < read_timeout + 15 and not (tmp_path / "outputs").exists()
 
 
 def test_a_collective_timeout_that_is_not_positive_is_one_line(tmp_path):
