@@ -41,10 +41,11 @@ class TrainerSettings(Section):
         """The keys the rest of the run reads, and every counter Lightning would otherwise reject
         with a traceback (or divide by) once the run folder exists, checked here."""
         counters = {name: _counter(spec, name, *bound) for name, bound in COUNTERS.items()}
-        _check_devices(spec.get("devices", "auto"), str(spec.get("accelerator", "auto")))
+        accelerator = _choice(spec, "accelerator", "auto", ACCELERATORS)
+        _check_devices(spec.get("devices", "auto"), accelerator)
         return cls(
             spec=spec,
-            accelerator=_choice(spec, "accelerator", "auto", ACCELERATORS),
+            accelerator=accelerator,
             precision=str(spec.get("precision")),
             max_steps=counters["max_steps"],
             nodes=counters["num_nodes"],
