@@ -121,11 +121,19 @@ def started(
     pace_s: float,
     mid_run: tuple[str, int] | None = None,
     first: int | None = None,
+    join_timeout_ms: int = 3000,
 ) -> Iterator[Groups]:
     """A lighthouse that forms quorums of a majority of ``replicas``, with the ``first`` groups
     (all by default) started on it; with ``mid_run`` (a group's name, a step), once that group's
-    checkpoint of that step is written, the sign that the run is under way."""
-    with Lighthouse(min_replicas=replicas // 2 + 1) as lighthouse:
+    checkpoint of that step is written, the sign that the run is under way.
+
+    The join timeout is longer than a round (H = 4 steps at the scenarios' pace: 1-1.2 s), so a
+    group late by less than a round is waited for. At 1 s, two groups restarted together leapfrog
+    each other: the one waiting at the lighthouse forms its quorum with the on-time group once
+    its timeout has passed, the other arrives just after, is healed at the next sync while
+    waiting out its own timeout, and so on; whichever is behind at the last round ends alone
+    (seen in a CI run of 2026-12-06)."""
+    with Lighthouse(min_replicas=replicas // 2 + 1, join_timeout_ms=join_timeout_ms) as lighthouse:
         groups = Groups(folder, cache, run, pace_s, lighthouse)
         for g in range(replicas if first is None else first):
             groups.start(str(g), g)
@@ -184,8 +192,9 @@ def lighthouse_lost(folder: Path, cache: Path, run: list[str], replicas: int, at
 
 
 def straggler_at_the_end(folder: Path, cache: Path, run: list[str], replicas: int, steps: int) -> Ended:
-    """The last group ten times slower (1 s a step) from four rounds (H = 4) before the end."""
-    with started(folder, cache, run, replicas, 0.1, first=replicas - 1) as groups:
+    """The last group ten times slower (1 s a step) from four rounds (H = 4) before the end; the
+    lighthouse waits 1 s for a late group, so the fast groups' rounds go on without it."""
+    with started(folder, cache, run, replicas, 0.1, first=replicas - 1, join_timeout_ms=1000) as groups:
         slow = ["+callbacks.pace.seconds=1.0", f"+callbacks.pace.from_step={max(steps - 16, 0)}"]
         groups.pace = ["+callbacks.pace._target_=benchmarks.pace.Pace"]
         groups.start(str(replicas - 1), replicas - 1, *slow)
