@@ -109,11 +109,12 @@ def test_a_straggler_is_left_out_of_rounds_and_healed_without_costing_the_others
 
 
 def test_a_chaos_run_of_repeated_kills_ends_synced_on_the_right_rows(tmp_path, tmp_path_factory, reference) -> None:
-    """Six kills (SIGKILL) of a random group, each restarted at once, alternately from its last
-    checkpoint and without one: every group ends (exit 0) on the same weights, every step a
-    group trained read its slice of that step, and the steps not trained are counted.
+    """Four kills (SIGKILL) of a random group, each restarted at once, alternately from its last
+    checkpoint (where it has one) and without one: every group ends (exit 0) on the same weights,
+    every step a group trained read its slice of that step, and the steps not trained are
+    counted. ``scripts/benchmark_diloco_chaos.py`` runs 20 kills on 1,600 steps.
 
-    It takes about a minute; the limit leaves room for one restarted group whose first quorum
+    It takes under a minute; the limit leaves room for one restarted group whose first quorum
     flaps until torchft's quorum timeout (120 s): seen once in a loaded CI run (2026-11-27),
     after which the group rejoined and trained on."""
     result = run_chaos(
@@ -122,7 +123,7 @@ def test_a_chaos_run_of_repeated_kills_ends_synced_on_the_right_rows(tmp_path, t
         THREE_GROUPS,
         reference,
         groups=3,
-        kills=6,
+        kills=4,
         sync_every=FAULT_SYNC_EVERY,
         pace_s=0.15,
         seed=0,
@@ -130,7 +131,7 @@ def test_a_chaos_run_of_repeated_kills_ends_synced_on_the_right_rows(tmp_path, t
     )
     print(result)
     assert result.exit_codes == [0, 0, 0], result
-    assert result.kills == 6 and result.restarts_from_checkpoint >= 1, result
+    assert result.kills == 4 and result.restarts_from_checkpoint >= 1, result
     assert result.wrong_rows == [], result.wrong_rows[:5]
     assert result.weight_difference <= 1e-6, result
     assert result.steps == STEPS and result.tokens_lost == sum(result.untrained_steps.values()) * 2 * 32
