@@ -15,6 +15,7 @@ steps: the global batch may change between steps and resuming only needs that co
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import InitVar, dataclass, field
 from typing import Protocol
 
 import torch
@@ -30,6 +31,7 @@ class RowOrder(Protocol):
         """The row index at a position of the global order."""
 
 
+@dataclass(eq=False)
 class ResumableRankSampler(Sampler[list[int]]):
     """An infinite batch sampler: yields this rank's micro-batches (lists of b row indices).
 
@@ -39,31 +41,26 @@ class ResumableRankSampler(Sampler[list[int]]):
     mixture's); the grouping by rank is the same.
     """
 
-    def __init__(
-        self,
-        num_rows: int,
-        micro_batch_size: int,
-        dp_rank: int = 0,
-        dp_size: int = 1,
-        seed: int = 0,
-        shuffle: bool = True,
-        start_position: int = 0,
-        order: RowOrder | None = None,
-    ) -> None:
-        if num_rows < 1 or micro_batch_size < 1:
-            raise ValueError(f"need num_rows >= 1 and micro_batch_size >= 1, got {num_rows} and {micro_batch_size}")
-        if not 0 <= dp_rank < dp_size:
-            raise ValueError(f"data-parallel rank {dp_rank} is not in [0, dp_size={dp_size})")
-        self.num_rows = num_rows
-        self.micro_batch_size = micro_batch_size
-        self.dp_rank = dp_rank
-        self.dp_size = dp_size
-        self.seed = seed
-        self.shuffle = shuffle
-        self.group_size = micro_batch_size * dp_size
-        check_position(start_position, micro_batch_size, dp_size)
+    num_rows: int
+    micro_batch_size: int
+    dp_rank: int = 0
+    dp_size: int = 1
+    seed: int = 0
+    shuffle: bool = True
+    start_position: InitVar[int] = 0
+    order: RowOrder | None = None
+    position: int = field(init=False)
+
+    def __post_init__(self, start_position: int) -> None:
+        if self.num_rows < 1 or self.micro_batch_size < 1:
+            raise ValueError(
+                f"need num_rows >= 1 and micro_batch_size >= 1, got {self.num_rows} and {self.micro_batch_size}"
+            )
+        if not 0 <= self.dp_rank < self.dp_size:
+            raise ValueError(f"data-parallel rank {self.dp_rank} is not in [0, dp_size={self.dp_size})")
+        self.group_size = self.micro_batch_size * self.dp_size
+        check_position(start_position, self.micro_batch_size, self.dp_size)
         self.position = start_position
-        self._order = order
         self._epoch_orders: dict[int, torch.Tensor] = {}
 
     def __iter__(self) -> Iterator[list[int]]:
@@ -75,8 +72,8 @@ class ResumableRankSampler(Sampler[list[int]]):
 
     def row_at(self, position: int) -> int:
         """The row index at a position of the global order."""
-        if self._order is not None:
-            return self._order.row_at(position)
+        if self.order is not None:
+            return self.order.row_at(position)
         epoch, offset = divmod(position, self.num_rows)
         if not self.shuffle:
             return offset
