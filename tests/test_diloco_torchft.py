@@ -20,9 +20,9 @@ from torch.distributed import TCPStore
 
 from benchmarks.torchft_groups import REJOINED, Lighthouse, free_port, last_own_line, log_of, metric, start_group
 from callbacks.diloco import settings as diloco_settings
-from callbacks.diloco.torchft_group import group_store
+from callbacks.diloco.torchft_group import group_store, settings_difference
 from common.errors import ConfigError
-from launch.from_config import read_settings
+from launch.from_config import read_settings, shared_settings
 from tests.run_helpers import TINY, checkpoint_weights, compose_config, run_train
 
 DILOCO = [
@@ -173,33 +173,43 @@ def test_a_killed_group_leaves_the_other_training_and_a_restarted_one_rejoins(tm
         assert zipfile.is_zipfile(saved)  # the survivor's checkpoints stay complete
 
 
+def test_groups_with_different_settings_refuse_to_train_naming_the_key(tmp_path, tmp_path_factory) -> None:
+    """Two groups whose seeds differ: each is refused in one line naming the first key they
+    differ in (data.seed, which interpolates ${seed}), and neither trains."""
+    cache = tmp_path_factory.getbasetemp() / "cache"
+    with Lighthouse(min_replicas=2) as lighthouse:
+        groups = [
+            group(lighthouse, 0, tmp_path / "group0", cache, "trainer.max_steps=4", "seed=1"),
+            group(lighthouse, 1, tmp_path / "group1", cache, "trainer.max_steps=4", "seed=2"),
+        ]
+        logs = [finish(process) for process in groups]
+    for index, (process, log) in enumerate(zip(groups, logs)):
+        mine, theirs = (1, 2) if index == 0 else (2, 1)
+        assert process.returncode == 2, log[-2000:]
+        assert last_own_line(log) == (
+            f"error: the DiLoCo replica groups run with different settings: data.seed is {mine} in group {index} and"
+            f" {theirs} in group {1 - index}; start every group with the same overrides but technique.diloco.torchft.group."
+        )
+        assert "finished at step" not in log and not (tmp_path / f"group{index}" / "checkpoints" / "last.ckpt").exists()
+
+
 @pytest.mark.parametrize(
     ("other", "key", "values"),
     [
-        ("seed=2", "data.seed", ("1", "2")),  # data.seed: ${seed}, the first of the two keys it changes
         ("optimizer.lr=0.002", "optimizer.lr", ("0.004", "0.002")),
         ("data.source.max_documents=500", "data.source.max_documents", ("600", "500")),  # another corpus
         ("technique.diloco.sync_every=4", "technique.diloco.sync_every", ("2", "4")),
     ],
 )
-def test_groups_with_different_settings_refuse_to_train_naming_the_key(
-    tmp_path, tmp_path_factory, other, key, values
-) -> None:
-    cache = tmp_path_factory.getbasetemp() / "cache"
-    with Lighthouse(min_replicas=2) as lighthouse:
-        groups = [
-            group(lighthouse, 0, tmp_path / "group0", cache, "trainer.max_steps=4", "seed=1"),
-            group(lighthouse, 1, tmp_path / "group1", cache, "trainer.max_steps=4", "seed=1", other),
-        ]
-        logs = [finish(process) for process in groups]
-    for index, (process, log) in enumerate(zip(groups, logs)):
-        mine, theirs = values if index == 0 else values[::-1]
-        assert process.returncode == 2, log[-2000:]
-        assert last_own_line(log) == (
-            f"error: the DiLoCo replica groups run with different settings: {key} is {mine} in group {index} and {theirs} in"
-            f" group {1 - index}; start every group with the same overrides but technique.diloco.torchft.group."
-        )
-        assert "finished at step" not in log and not (tmp_path / f"group{index}" / "checkpoints" / "last.ckpt").exists()
+def test_the_refusal_names_the_setting_the_groups_differ_in(other, key, values, tmp_path) -> None:
+    """The settings two groups exchange (the resolved config less its per-group keys) differ in
+    the overridden key, and the refusal names it with both values (the exchange itself: above)."""
+    shared = {
+        index: dict(shared_settings(compose_config([*DILOCO, "seed=1", *extra], tmp_path)))
+        for index, extra in ((0, ()), (1, (other,)))
+    }
+    assert settings_difference(shared, 0, 1) == f"{key} is {values[0]} in group 0 and {values[1]} in group 1"
+    assert settings_difference(shared, 1, 0) == f"{key} is {values[1]} in group 1 and {values[0]} in group 0"
 
 
 def run_with_lighthouse(address: str, tmp_path, tmp_path_factory):

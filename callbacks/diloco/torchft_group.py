@@ -276,7 +276,7 @@ class TorchftGroup:
             other = next(g for g in sorted(prints) if prints[g] != mine and (not training or prints[g] in training))
             self._refusal = (
                 "the DiLoCo replica groups run with different settings: "
-                f"{self._difference(settings, self._group, other)}; start every group with the same"
+                f"{settings_difference(settings, self._group, other)}; start every group with the same"
                 " overrides but technique.diloco.torchft.group."
             )
             return
@@ -284,7 +284,7 @@ class TorchftGroup:
             log.warning(
                 "replica group %d was refused, its settings not the run's: %s; the groups already training go on",
                 group,
-                self._difference(settings, group, self._group),
+                settings_difference(settings, group, self._group),
             )
 
     def _refuse_doubles(self, me: int, rows: dict[int, tuple[int, int, tuple]]) -> set[int]:
@@ -363,15 +363,6 @@ class TorchftGroup:
             " group's weights are not the run's: use the last checkpoint of a group that exited 0."
         )
 
-    @staticmethod
-    def _difference(settings: dict[int, dict[str, Any]], group: int, other: int) -> str:
-        """The first key in which ``group``'s settings differ from ``other``'s, with both values."""
-        mine, theirs = settings.get(group, {}), settings.get(other, {})
-        key = next((key for key in sorted(set(mine) | set(theirs)) if mine.get(key) != theirs.get(key)), None)
-        if key is None:
-            return f"group {group}'s and group {other}'s differ"
-        return f"{key} is {mine.get(key, 'unset')} in group {group} and {theirs.get(key, 'unset')} in group {other}"
-
     def live_peers(self) -> int | None:
         """The other groups alive (heartbeating to the lighthouse); None where it cannot say."""
         alive = heartbeating(self._lighthouse)
@@ -395,3 +386,13 @@ class TorchftGroup:
     def shutdown(self) -> None:
         self.manager.shutdown(wait=False)
         log.info("left the torchft quorum")
+
+
+def settings_difference(settings: dict[int, dict[str, Any]], group: int, other: int) -> str:
+    """The first key (in sorted order) in which ``group``'s settings differ from ``other``'s,
+    with both values: what a refused group's one line names."""
+    mine, theirs = settings.get(group, {}), settings.get(other, {})
+    key = next((key for key in sorted(set(mine) | set(theirs)) if mine.get(key) != theirs.get(key)), None)
+    if key is None:
+        return f"group {group}'s and group {other}'s differ"
+    return f"{key} is {mine.get(key, 'unset')} in group {group} and {theirs.get(key, 'unset')} in group {other}"
