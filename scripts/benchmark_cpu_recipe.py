@@ -74,7 +74,7 @@ class Measured:
 FINISHED = re.compile(r"finished at step \d+ after ([\d,]+) tokens: val/loss ([\d.]+)")
 
 
-def reference_seconds(repeats: int = 3) -> list[float]:
+def reference_seconds(repeats: int) -> list[float]:
     """The reference loop's seconds, each run in a fresh process."""
     runs = [
         subprocess.run([sys.executable, "-c", REFERENCE], capture_output=True, text=True, check=True)
@@ -150,13 +150,22 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=None,
         help="NAME=override,override (repeatable; default: default= and adamw_recipe=+experiment=adamw_recipe)",
     )
-    return parser.parse_args(argv)
+    parser.add_argument(
+        "--reference-repeats",
+        type=int,
+        default=3,
+        help="runs of the reference loop, each in a fresh process; their median is the reference (default: 3)",
+    )
+    args = parser.parse_args(argv)
+    if args.reference_repeats < 1:
+        parser.error(f"--reference-repeats must be at least 1, got {args.reference_repeats}")
+    return args
 
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     recipes = args.recipe or [Recipe("default", ()), Recipe("adamw_recipe", ("+experiment=adamw_recipe",))]
-    references = reference_seconds()
+    references = reference_seconds(args.reference_repeats)
     reference_s = statistics.median(references)
     print(
         f"reference loop: {reference_s:.3f} s (median of {', '.join(f'{s:.3f}' for s in references)})", file=sys.stderr
