@@ -26,7 +26,7 @@ from tests.layout_runs import (
     one_process_runs,
     row_log,
 )
-from tests.run_helpers import TINY, export_matches_checkpoint, run_to_completion, run_train
+from tests.run_helpers import TINY, export_matches_checkpoint, run_train
 
 SHARDED = ["strategy=fsdp2", "trainer.accelerator=cpu", "strategy.save_distributed_checkpoint=false"]
 
@@ -149,17 +149,13 @@ def test_every_experiment_composes_with_two_tensor_parallel_ranks_or_refuses_in_
     assert_composes_or_refuses_in_one_line([f"+experiment={experiment}", *TP2], "tensor_parallel_size=2", tmp_path)
 
 
-@pytest.mark.parametrize(
-    ("first", "then"),
-    [(["strategy.tensor_parallel_size=2"], []), ([], ["strategy.tensor_parallel_size=2"])],
-    ids=["T2_to_D2", "D2_to_T2"],
-)
-def test_a_sharded_checkpoint_resumes_on_another_layout(first, then, tmp_path, tmp_path_factory):
-    """Saved at step 3 of 6 with one layout, resumed with the other: the uninterrupted run's
-    weights (reduction-order noise), and the checkpoint loads whole (as export_hf reads it)."""
-    cache = tmp_path_factory.getbasetemp() / "cache"
+@pytest.fixture(scope="module")
+def relayouts(tmp_path_factory) -> dict[str, Path]:
+    """9 steps on T = 2 with a sharded checkpoint every 3 ("full"); resumed at step 3 on D = 2
+    ("T2_to_D2"), whose step-6 checkpoint resumes on T = 2 again ("D2_to_T2"). Run folders by name."""
+    base, cache = tmp_path_factory.mktemp("relayouts"), tmp_path_factory.getbasetemp() / "cache"
     common = TINY + [
-        "trainer.max_steps=6",
+        "trainer.max_steps=9",
         "logger=none",
         "callbacks.validation_schedule.every_n_steps=100",
         "callbacks.model_checkpoint.every_n_train_steps=3",
@@ -167,26 +163,34 @@ def test_a_sharded_checkpoint_resumes_on_another_layout(first, then, tmp_path, t
         "trainer.accelerator=cpu",
         "trainer.devices=2",
     ]
-    full = run_train(common + first, tmp_path / "full", cache)
-    assert full.returncode == 0, full.stderr[-3000:]
-    checkpoint = tmp_path / "full" / "checkpoints" / "step000003.ckpt"
-    resumed = run_train(common + then + [f"ckpt_path={checkpoint}"], tmp_path / "resumed", cache)
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
-    _, expected = load_lightning_checkpoint(tmp_path / "full" / "checkpoints" / "last.ckpt")
-    _, weights = load_lightning_checkpoint(tmp_path / "resumed" / "checkpoints" / "last.ckpt")
+    tensor_parallel = ["strategy.tensor_parallel_size=2"]
+    runs = {
+        "full": [*tensor_parallel],
+        "T2_to_D2": [f"ckpt_path={base / 'full' / 'checkpoints' / 'step000003.ckpt'}"],
+        "D2_to_T2": [*tensor_parallel, f"ckpt_path={base / 'T2_to_D2' / 'checkpoints' / 'step000006.ckpt'}"],
+    }
+    for name, overrides in runs.items():
+        result = run_train(common + overrides, base / name, cache)
+        assert result.returncode == 0, f"{name}: {result.stderr[-3000:]}"
+    return {name: base / name for name in runs}
+
+
+@pytest.mark.parametrize("resumed", ["T2_to_D2", "D2_to_T2"])
+def test_a_sharded_checkpoint_resumes_on_another_layout(resumed, relayouts):
+    """A checkpoint saved under one layout and resumed under the other ends at the uninterrupted
+    run's weights (reduction-order noise), and loads whole (as export_hf reads it)."""
+    _, expected = load_lightning_checkpoint(relayouts["full"] / "checkpoints" / "last.ckpt")
+    _, weights = load_lightning_checkpoint(relayouts[resumed] / "checkpoints" / "last.ckpt")
     assert weights.keys() == expected.keys()
     for name, value in expected.items():
         torch.testing.assert_close(weights[name], value, rtol=1e-5, atol=1e-6, msg=name)
 
 
-def test_a_tensor_parallel_checkpoint_exports_to_hugging_face(tmp_path, tmp_path_factory):
+def test_a_tensor_parallel_checkpoint_exports_to_hugging_face(relayouts, tmp_path):
     """A T = 2 sharded checkpoint through scripts/export_hf.py: transformers' logits on the export
     are the framework's on the checkpoint's whole weights."""
     pytest.importorskip("transformers")
-    run_dir = tmp_path / "run"
-    overrides = TINY + ["logger=none", "trainer.max_steps=2", *TP2]
-    run_to_completion(overrides, run_dir, tmp_path_factory.getbasetemp() / "cache")
-    checkpoint = run_dir / "checkpoints" / "last.ckpt"
+    checkpoint = relayouts["full"] / "checkpoints" / "last.ckpt"
     assert checkpoint.is_dir()  # each rank wrote its shards
     export_matches_checkpoint(checkpoint, tmp_path / "hf")
 
