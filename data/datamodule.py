@@ -226,7 +226,7 @@ class TextDataModule(L.LightningDataModule):
             dp_size=self.dp_size,
             seed=self.seed,
             shuffle=self.shuffle,
-            start_position=self.rows_consumed,
+            position=self.rows_consumed,
             order=self._mixture_order() if self.source_names else None,
         )
         return DataLoader(TrainBatches(self._rows("train"), self._sampler), batch_size=None, num_workers=0)

@@ -15,7 +15,7 @@ steps: the global batch may change between steps and resuming only needs that co
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import InitVar, dataclass, field
+from dataclasses import dataclass
 from typing import Protocol
 
 import torch
@@ -35,10 +35,10 @@ class RowOrder(Protocol):
 class ResumableRankSampler(Sampler[list[int]]):
     """An infinite batch sampler: yields this rank's micro-batches (lists of b row indices).
 
-    `position` is the global position of the next group this rank has not started, i.e.
-    start_position + (micro-batches yielded) * b * dp_size. A new iterator continues from
-    `position`, so use one live iterator at a time. `order` replaces the epoch order (a
-    mixture's); the grouping by rank is the same.
+    `position` is the global position of the next group this rank has not started: where a
+    resumed run starts (rows consumed), then + b * dp_size for each micro-batch yielded. A new
+    iterator continues from `position`, so use one live iterator at a time. `order` replaces
+    the epoch order (a mixture's); the grouping by rank is the same.
     """
 
     num_rows: int
@@ -47,11 +47,10 @@ class ResumableRankSampler(Sampler[list[int]]):
     dp_size: int = 1
     seed: int = 0
     shuffle: bool = True
-    start_position: InitVar[int] = 0
+    position: int = 0
     order: RowOrder | None = None
-    position: int = field(init=False)
 
-    def __post_init__(self, start_position: int) -> None:
+    def __post_init__(self) -> None:
         if self.num_rows < 1 or self.micro_batch_size < 1:
             raise ValueError(
                 f"need num_rows >= 1 and micro_batch_size >= 1, got {self.num_rows} and {self.micro_batch_size}"
@@ -59,8 +58,7 @@ class ResumableRankSampler(Sampler[list[int]]):
         if not 0 <= self.dp_rank < self.dp_size:
             raise ValueError(f"data-parallel rank {self.dp_rank} is not in [0, dp_size={self.dp_size})")
         self.group_size = self.micro_batch_size * self.dp_size
-        check_position(start_position, self.micro_batch_size, self.dp_size)
-        self.position = start_position
+        check_position(self.position, self.micro_batch_size, self.dp_size)
         self._epoch_orders: dict[int, torch.Tensor] = {}
 
     def __iter__(self) -> Iterator[list[int]]:

@@ -359,7 +359,7 @@ def test_sampler_resume_matches_uninterrupted_run_across_epochs():
     num_rows, b, dp = 23, 2, 2
     uninterrupted = batches(ResumableRankSampler(num_rows, b, 1, dp, seed=7), 30)
     for consumed_batches in (0, 5, 6, 11, 17):
-        resumed = ResumableRankSampler(num_rows, b, 1, dp, seed=7, start_position=consumed_batches * b * dp)
+        resumed = ResumableRankSampler(num_rows, b, 1, dp, seed=7, position=consumed_batches * b * dp)
         assert batches(resumed, 30 - consumed_batches) == uninterrupted[consumed_batches:]
         assert resumed.position == 30 * b * dp
     epochs = global_order(num_rows, 7, 2 * num_rows)
@@ -367,7 +367,7 @@ def test_sampler_resume_matches_uninterrupted_run_across_epochs():
 
 
 def test_sampler_position_counts_groups_and_sequential_order():
-    sampler = ResumableRankSampler(10, 2, 1, 2, shuffle=False, start_position=8)
+    sampler = ResumableRankSampler(10, 2, 1, 2, shuffle=False, position=8)
     iterator = iter(sampler)
     assert next(iterator) == [0, 1] and sampler.position == 12  # positions 10, 11 wrap to epoch 1
     assert next(iterator) == [4, 5] and sampler.position == 16
@@ -376,7 +376,7 @@ def test_sampler_position_counts_groups_and_sequential_order():
 
 def test_sampler_rejects_start_position_off_group_boundary():
     with pytest.raises(ValueError, match=r"start position 6 .* micro_batch_size \* dp_size = 2 \* 2 = 4"):
-        ResumableRankSampler(100, 2, 0, 2, start_position=6)
+        ResumableRankSampler(100, 2, 0, 2, position=6)
 
 
 # -- datamodule -------------------------------------------------------------------------------
